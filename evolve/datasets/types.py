@@ -1,0 +1,105 @@
+"""Benchmark-neutral data types: conversations, the segments a program sees, and questions.
+
+Every loader (BEAM, LoCoMo, LongMemEval) converts its files into these types; nothing
+downstream knows which benchmark a conversation came from.
+
+Invariants:
+- All types are frozen; a memory program receives them read-only.
+- Message ids are strings, unique within a conversation (BEAM's integer ids are stringified).
+- A `Segment` is one session of the history in source order, with its date when the benchmark
+  gives one (ISO ``YYYY-MM-DD`` when parseable, otherwise the benchmark's own text).
+- `Question.capability` is the *native* capability of the benchmark's question type (design
+  §3); it is used to group results and is never shown to a memory program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+CAPABILITIES: tuple[str, ...] = ("F", "T", "P", "M", "A")
+CAPABILITY_NAMES: dict[str, str] = {
+    "F": "factual retrieval",
+    "T": "temporal tracking",
+    "P": "preference extraction",
+    "M": "multi-session synthesis",
+    "A": "adversarial handling",
+}
+
+
+class DataError(Exception):
+    """Missing or malformed benchmark data; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Message:
+    id: str
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One session of a history, as handed to a memory program's extraction and `index`."""
+
+    session_id: str
+    date: str | None
+    messages: tuple[Message, ...]
+
+    def render(self) -> str:
+        """The segment as plain text: a header line, then one ``[id] role: content`` per message."""
+        header = f"## Session {self.session_id}" + (f" ({self.date})" if self.date else "")
+        lines = [header] + [f"[{m.id}] {m.role}: {m.content}" for m in self.messages]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    sessions: tuple[Segment, ...]
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def messages(self) -> dict[str, tuple[Segment, Message]]:
+        """Message id -> (its segment, the message)."""
+        return {m.id: (s, m) for s in self.sessions for m in s.messages}
+
+    def digest(self) -> str:
+        """A content hash of the sessions (ids, dates, roles, texts); keys stage caches."""
+        payload = json.dumps([asdict(s) for s in self.sessions], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    @property
+    def n_chars(self) -> int:
+        return sum(len(m.content) for s in self.sessions for m in s.messages)
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    conversation_id: str
+    ability: str
+    capability: str
+    question: str
+    gold: str
+    rubric: tuple[str, ...] = ()
+    evidence_ids: tuple[str, ...] = ()
+    question_date: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Conversations and the questions asked about them (every question's conversation is here)."""
+
+    bench: str
+    split: str
+    conversations: tuple[Conversation, ...]
+    questions: tuple[Question, ...]
+
+    def by_conversation(self) -> dict[str, list[Question]]:
+        out: dict[str, list[Question]] = {c.id: [] for c in self.conversations}
+        for q in self.questions:
+            out[q.conversation_id].append(q)
+        return out
