@@ -177,9 +177,7 @@ def _check_signature(label: str, fn: Any, params: list[str], inspect: Any) -> No
         raise ContractError(f"{label} must be a plain synchronous function")
     sig = inspect.signature(fn)
     positional = [
-        p
-        for p in sig.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     required = [p for p in positional if p.default is p.empty]
     has_var = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())
@@ -299,27 +297,39 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def build_record(cls: type, content: str, globalns: dict[str, Any] | None = None, **known: Any) -> Any:
+def build_record(
+    cls: type, content: str, globalns: dict[str, Any] | None = None, **known: Any
+) -> Any:
     """Make a ``cls`` instance from text and known metadata, matching fields by name.
 
     Used by the offline stand-ins. ``content`` goes to the first field named in
     :data:`CONTENT_FIELDS` (or, failing that, the first string field); each ``known`` key goes
-    to the first field named in its alias group when the type fits; every other required field
-    gets its type's empty value.
+    to the first field named in its alias group when the type fits; a ``date`` that finds no
+    field of its own is prefixed to the content as ``[date]``, so no unit loses its date. Every
+    other required field gets its type's empty value.
     """
     specs = field_specs(cls, globalns)
     by_name = {s.name: s for s in specs}
     values: dict[str, Any] = {}
-    target = next((n for n in CONTENT_FIELDS if by_name.get(n, None) and by_name[n].kind == "string"), None)
+    target = next((n for n in CONTENT_FIELDS if n in by_name and by_name[n].kind == "string"), None)
     target = target or next((s.name for s in specs if s.kind == "string"), None)
-    if target:
-        values[target] = content
+    placed: set[str] = set()
     for key, value in known.items():
         for alias in FIELD_ALIASES.get(key, (key,)):
             spec = by_name.get(alias)
-            if spec and alias not in values and _type_error(spec, value) is None:
+            if (
+                spec
+                and alias != target
+                and alias not in values
+                and _type_error(spec, value) is None
+            ):
                 values[alias] = value
+                placed.add(key)
                 break
+    if known.get("date") and "date" not in placed:
+        content = f"[{known['date']}] {content}"
+    if target:
+        values[target] = content
     for spec in specs:
         if spec.name not in values and spec.required:
             values[spec.name] = None if spec.optional else _DEFAULTS.get(spec.kind, [])

@@ -29,6 +29,10 @@ CAPABILITY_NAMES: dict[str, str] = {
 }
 
 
+def _digest(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
 class DataError(Exception):
     """Missing or malformed benchmark data; the message is one line meant for the user."""
 
@@ -54,6 +58,10 @@ class Segment:
         lines = [header] + [f"[{m.id}] {m.role}: {m.content}" for m in self.messages]
         return "\n".join(lines)
 
+    def digest(self) -> str:
+        """A content hash (id, date, every message); keys the extraction cache."""
+        return _digest(asdict(self))
+
 
 @dataclass(frozen=True)
 class Conversation:
@@ -67,8 +75,7 @@ class Conversation:
 
     def digest(self) -> str:
         """A content hash of the sessions (ids, dates, roles, texts); keys stage caches."""
-        payload = json.dumps([asdict(s) for s in self.sessions], sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return _digest([asdict(s) for s in self.sessions])
 
     @property
     def n_chars(self) -> int:

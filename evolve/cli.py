@@ -1,0 +1,227 @@
+"""The ``evolve`` command line: parsing, output and exit codes only.
+
+Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``data fetch`` to
+:mod:`evolve.datasets.fetch`. Every expected failure (bad flag, missing or malformed data,
+unreadable program) ends with one ``error:`` line on stderr and exit status 2; nothing computed
+before the failure is lost, because stage outputs are stored as they are produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from evolve.datasets.types import CAPABILITY_NAMES, DataError
+
+err = Console(stderr=True)
+out = Console()
+
+
+class UsageError(Exception):
+    """A bad flag or flag combination."""
+
+
+def default_cache_dir() -> Path:
+    base = (
+        os.environ.get("EVOLVE_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prismem"
+    )
+    return Path(base)
+
+
+def data_dir(arg: str | None) -> Path:
+    value = arg or os.environ.get("EVOLVE_DATA")
+    if not value:
+        raise UsageError("no data directory: pass --data-dir DIR or set EVOLVE_DATA")
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise DataError(f"data directory {path} does not exist")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evolve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="evaluate one memory program on a benchmark split")
+    ev.add_argument("--program", required=True, type=Path, help="memory program file (.py)")
+    ev.add_argument("--bench", default="beam", choices=["beam"], help="benchmark")
+    ev.add_argument(
+        "--split",
+        default="valid",
+        help="train | valid | holdout | test | all | all:<size> (e.g. all:1M)",
+    )
+    ev.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    ev.add_argument(
+        "--model",
+        default="none",
+        help="task LLM as a litellm id, or 'none' for offline retrieval-only mode",
+    )
+    ev.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    ev.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ev.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
+        help="where run folders go (default programs/ or $EVOLVE_RUNS)",
+    )
+    ev.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="stage, embedding and LLM caches (default ~/.cache/prismem or $EVOLVE_CACHE)",
+    )
+    ev.add_argument(
+        "--hit-threshold",
+        type=float,
+        default=None,
+        help="cosine at which an evidence message counts as retrieved (default 0.8)",
+    )
+    ev.add_argument(
+        "--embedder",
+        default="minilm",
+        choices=["minilm", "hashing"],
+        help="'hashing' is a test double: never use it for real results",
+    )
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    data = sub.add_parser("data", help="benchmark data")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser("fetch", help="download a benchmark release into the data dir")
+    fetch.add_argument("bench", choices=["beam"])
+    fetch.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    fetch.add_argument("--sizes", default="100K,1M", help="comma-separated: 100K,500K,1M,10M")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "eval":
+            return cmd_eval(args)
+        return cmd_fetch(args)
+    except (UsageError, DataError) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted: stage outputs computed so far are kept in the cache")
+        return 130
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from evolve.datasets.beam import load_taskset
+    from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
+    from evolve.models.llm import ModelConfig
+    from evolve.worker import WorkerConfig
+
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    if not args.program.is_file():
+        raise UsageError(f"program file {args.program} not found")
+    tasks = load_taskset(data_dir(args.data_dir), args.split)
+    task_model = None if args.model.lower() in ("none", "") else ModelConfig(model=args.model)
+    if task_model is None:
+        err.print(
+            f"[bold yellow]no task model configured — {OFFLINE_MODE}:[/] extraction keeps "
+            "one unit per message, the question is the query, answers are skipped"
+        )
+    if args.embedder == "hashing":
+        err.print("[bold red]embedder 'hashing' is a test double: scores are not meaningful[/]")
+    cache = args.cache_dir or default_cache_dir()
+    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder)
+
+    with _progress(len(tasks.questions), not args.no_progress) as advance:
+        try:
+            report = evaluate(
+                args.program,
+                tasks,
+                config,
+                jobs=args.jobs,
+                on_progress=advance,
+                hit_threshold=args.hit_threshold,
+            )
+        except EvalError as exc:
+            raise UsageError(str(exc)) from None
+    run_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{report.meta['program_hash'][:8]}"
+    traces = write_run(report, args.runs_dir / run_id)
+    report.meta["traces"] = str(traces)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        _print_report(report.as_json())
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from evolve.datasets.fetch import fetch_beam
+
+    root = Path(args.data_dir or os.environ.get("EVOLVE_DATA") or "")
+    if not str(root) or str(root) == ".":
+        raise UsageError("no data directory: pass --data-dir DIR or set EVOLVE_DATA")
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    fetch_beam(root, sizes)
+    err.print(f"BEAM {', '.join(sizes)} written under {root / 'beam'}")
+    return 0
+
+
+class _progress:
+    """A rich progress bar over questions (or nothing), as a context manager yielding advance()."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.bar = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return lambda n: None
+        self.bar.start()
+        task = self.bar.add_task("eval", total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    meta, scores = report["meta"], report["scores"]
+    out.print(f"[bold]{meta['mode']}[/] · {meta['bench']} {meta['split']} · "
+              f"{meta['questions']} questions in {meta['conversations']} conversations · "
+              f"program {meta['program']} ({meta['program_hash'][:8]})")  # fmt: skip
+    metrics = meta["metrics"]
+    table = Table(title=f"scores by capability (hit threshold {meta['hit_threshold']})")
+    table.add_column("capability")
+    table.add_column("n", justify="right")
+    for m in metrics:
+        table.add_column(m.replace("_", " "), justify="right")
+    for cap, row in scores["by_capability"].items():
+        table.add_row(
+            f"{cap} {CAPABILITY_NAMES[cap]}", str(row["n"]), *(_fmt(row[m]) for m in metrics)
+        )
+    overall = scores["overall"]
+    table.add_row("[bold]overall", str(overall["n"]), *(_fmt(overall[m]) for m in metrics))
+    out.print(table)
+    stages = ", ".join(f"{s} {c['computed']}/{c['reused']}" for s, c in report["stages"].items())
+    out.print(f"stages (computed/reused): {stages}")
+    if meta["errors"]:
+        out.print(f"[red]{meta['errors']} questions failed[/] — see {meta.get('traces')}")
+    out.print(f"traces: {meta.get('traces')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
+
+The executor is the parent side of execution (design §2). It never runs program code itself:
+each conversation is a job for :func:`evolve.worker.run_conversation` in a pool of worker
+processes (joblib's loky executor, reused between evaluations so the embedding model loads once
+per worker). Workers decide per stage what to reuse from the stage store; the executor sums
+their counters, scores every question here with :mod:`evolve.scoring.offline` (scoring code
+never shares a process with a candidate), and writes per-question traces.
+
+Invariants:
+- A failing conversation (program error, crashed worker) fails only its own questions; they
+  score 0 on every metric they have and carry the error in their trace.
+- The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from joblib.externals.loky import get_reusable_executor
+
+from evolve.datasets.types import Question, TaskSet
+from evolve.program import source_digest
+from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
+from evolve.stagecache import COMPONENTS, fingerprints
+from evolve.worker import ConversationResult, WorkerConfig, make_embedder, run_conversation
+
+OFFLINE_MODE = "offline: retrieval-only"
+
+
+class EvalError(Exception):
+    """The evaluation could not start (unreadable program, bad configuration)."""
+
+
+@dataclass
+class EvalReport:
+    meta: dict[str, Any]
+    scores: dict[str, Any]
+    stages: dict[str, dict[str, int]]
+    usage: dict[str, dict[str, Any]]
+    traces: list[dict[str, Any]] = field(repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "scores": self.scores,
+            "stages": self.stages,
+            "usage": self.usage,
+        }
+
+
+ProgressFn = Callable[[int], None]
+
+
+def evaluate(
+    program_path: Path,
+    tasks: TaskSet,
+    config: WorkerConfig,
+    *,
+    jobs: int = 2,
+    hit_threshold: float | None = None,
+    on_progress: ProgressFn | None = None,
+) -> EvalReport:
+    """Run every stage for every question of ``tasks`` and score the retrieved text."""
+    try:
+        source = Path(program_path).read_text()
+        fps = fingerprints(source)
+    except OSError as exc:
+        raise EvalError(f"cannot read program {program_path}: {exc.strerror}") from None
+    except SyntaxError as exc:
+        raise EvalError(f"{program_path}, line {exc.lineno}: syntax error: {exc.msg}") from None
+    started = time.perf_counter()
+    results = _run_jobs(source, str(program_path), tasks, config, jobs, on_progress)
+
+    embedder = make_embedder(config.embedder, config.cache_dir)
+    scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
+    by_id = {q.id: q for q in tasks.questions}
+    traces: list[dict[str, Any]] = []
+    for conv in tasks.conversations:
+        result = results[conv.id]
+        messages = conv.messages()
+        items = []
+        for trace in result.traces:
+            q = by_id[trace["id"]]
+            evidence = [
+                f"{messages[e][1].role}: {messages[e][1].content}"
+                for e in q.evidence_ids
+                if e in messages
+            ]
+            items.append(ScoreInput(q, evidence, trace.get("retrieved") or ""))
+        for trace, item, scores in zip(result.traces, items, scorer.score(items), strict=True):
+            if trace.get("error"):  # a failed question scores 0 wherever it has a metric
+                scores = {m: (0.0 if v is not None else None) for m, v in scores.items()}
+            trace.update(ability=item.question.ability, capability=item.question.capability,
+                         question=item.question.question, scores=scores)  # fmt: skip
+            traces.append(trace)
+
+    rows = [(by_id[t["id"]], t["scores"]) for t in traces]
+    return EvalReport(
+        meta={
+            "program": str(program_path),
+            "program_hash": source_digest(source),
+            "fingerprints": fps,
+            "bench": tasks.bench,
+            "split": tasks.split,
+            "conversations": len(tasks.conversations),
+            "questions": len(tasks.questions),
+            "mode": OFFLINE_MODE if config.offline else "online",
+            "models": {
+                "task": config.task_model.model if config.task_model else None,
+                "embedder": embedder.name,
+                "judge": None,
+            },  # fmt: skip
+            "metrics": list(METRICS),
+            "hit_threshold": scorer.hit_threshold,
+            "errors": sum(1 for t in traces if t.get("error")),
+            "seconds": round(time.perf_counter() - started, 3),
+        },
+        scores=aggregate(rows),
+        stages=_sum_counters(r.counters for r in results.values()),
+        usage=_sum_usage(u for r in results.values() for u in r.usage),
+        traces=traces,
+    )
+
+
+def _run_jobs(
+    source: str,
+    path: str,
+    tasks: TaskSet,
+    config: WorkerConfig,
+    jobs: int,
+    on_progress: ProgressFn | None,
+) -> dict[str, ConversationResult]:
+    by_conv = tasks.by_conversation()
+    # One torch thread per worker: several workers each using every core only fight.
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    executor = get_reusable_executor(
+        max_workers=max(1, jobs),
+        timeout=300,
+        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
+    )
+    futures: dict[Future[ConversationResult], str] = {}
+    for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
+        fut = executor.submit(run_conversation, source, path, conv, by_conv[conv.id], config)
+        futures[fut] = conv.id
+    results: dict[str, ConversationResult] = {}
+    for fut in as_completed(futures):
+        conv_id = futures[fut]
+        try:
+            results[conv_id] = fut.result()
+        except Exception as exc:  # the worker died (crash, memory): fail this conversation only
+            results[conv_id] = _failed(
+                conv_id, by_conv[conv_id], f"worker: {type(exc).__name__}: {exc}"
+            )
+        if on_progress:
+            on_progress(len(by_conv[conv_id]))
+    return results
+
+
+def _failed(conv_id: str, questions: list[Question], error: str) -> ConversationResult:
+    traces = [{"id": q.id, "conversation_id": conv_id, "error": error[:500]} for q in questions]
+    return ConversationResult(conv_id, traces, {}, [])
+
+
+def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
+    total = {c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0} for c in COMPONENTS}
+    for counters in all_counters:
+        for stage, counts in counters.items():
+            for outcome, n in counts.items():
+                total[stage][outcome] += n
+    return total
+
+
+def _sum_usage(records: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        row = out.setdefault(r["role"], {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                         "cost_usd": 0.0, "cached_calls": 0})  # fmt: skip
+        row["calls"] += 1
+        row["prompt_tokens"] += r.get("prompt_tokens") or 0
+        row["completion_tokens"] += r.get("completion_tokens") or 0
+        row["cost_usd"] += r.get("cost_usd") or 0.0
+        row["cached_calls"] += 1 if r.get("cached") else 0
+        stages = row.setdefault("stages", {})
+        stages[r["stage"]] = stages.get(r["stage"], 0) + 1
+    return out
+
+
+def write_run(report: EvalReport, out_dir: Path) -> Path:
+    """Per-question traces as JSONL and the report as JSON, in ``out_dir``; returns the JSONL."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traces = out_dir / "questions.jsonl"
+    with traces.open("w") as fh:
+        for trace in report.traces:
+            fh.write(json.dumps(trace) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(report.as_json(), indent=2))
+    return traces

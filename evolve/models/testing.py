@@ -1,0 +1,75 @@
+"""Test doubles for :mod:`evolve.models`, shipped with the library so every test uses the same.
+
+Owns :class:`ScriptedLLM` and re-exports :class:`~evolve.models.embed.HashingEmbedder`.
+
+Invariants: the doubles subclass the real classes and replace only the piece that would reach
+a model (``LLMClient._transport``, ``Embedder._encode``), so accounting, caching, retries and
+JSON repair run through the real code. Nothing here is ever selected silently: callers construct
+a double by name, in tests or explicitly labelled offline runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from evolve.models.embed import HashingEmbedder
+from evolve.models.llm import ROLES, Completion, LLMClient, Message, ModelConfig, Models
+
+__all__ = ["HashingEmbedder", "ScriptedLLM", "Script"]
+
+Script = Sequence[str] | Callable[[str, str, list[Message]], str]
+
+
+class ScriptedLLM(LLMClient):
+    """TEST DOUBLE — answers from a script instead of a model. For tests; never selected silently.
+
+    ``script`` is a list of replies consumed in order (running out raises, which surfaces as
+    :class:`~evolve.models.llm.LLMError`), or a callable ``(role, stage, messages) -> reply``.
+    Tokens are whitespace-split words of the prompt's contents and of the reply; cost is
+    ``usd_per_token`` × tokens, or None (unknown) when not given. Every role is configured with
+    model id ``"scripted"`` unless ``models`` is passed. ``transport_calls`` lists
+    ``(role, stage, messages)`` of each call that reached the script.
+    """
+
+    def __init__(
+        self,
+        script: Script,
+        models: Models | None = None,
+        *,
+        log_path: str | Path | None = None,
+        cache_path: str | Path | None = None,
+        usd_per_token: float | None = None,
+    ) -> None:
+        if models is None:
+            models = Models(**{role: ModelConfig(model="scripted") for role in ROLES})
+        super().__init__(models, log_path=log_path, cache_path=cache_path)
+        self.script = script if callable(script) else list(script)
+        self.usd_per_token = usd_per_token
+        self.transport_calls: list[tuple[str, str, list[Message]]] = []
+
+    def _transport(
+        self,
+        role: str,
+        stage: str,
+        config: ModelConfig,
+        messages: list[Message],
+        *,
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+    ) -> Completion:
+        self.transport_calls.append((role, stage, messages))
+        if callable(self.script):
+            text = self.script(role, stage, messages)
+        else:
+            used = len(self.transport_calls) - 1
+            if used >= len(self.script):
+                raise IndexError(f"ScriptedLLM script exhausted after {len(self.script)} replies")
+            text = self.script[used]
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+        completion_tokens = len(text.split())
+        cost = None
+        if self.usd_per_token is not None:
+            cost = self.usd_per_token * (prompt_tokens + completion_tokens)
+        return Completion(text, prompt_tokens, completion_tokens, cost, 0.0, False, config.model)

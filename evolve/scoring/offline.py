@@ -1,0 +1,154 @@
+"""Offline scoring: retrieval-side metrics that need no LLM.
+
+Per question (design §4), with one embedding matcher φ (all-MiniLM-L6-v2):
+
+- ``evidence_similarity`` — mean over the question's evidence messages e of
+  s(e, R) = max over retrieved blocks r of cos(φ(e), φ(r)). The retrieved text is cut at
+  blank lines into blocks of at most :data:`BLOCK_CHARS` characters (:func:`blocks`); MiniLM
+  reads the first 256 word pieces of each text, evidence messages included.
+- ``evidence_hit_rate`` — share of evidence messages with s(e, R) ≥ the hit threshold
+  (:data:`HIT_THRESHOLD` unless the caller states another; the report records it).
+- ``evidence_recall`` — share of evidence messages whose opening (first
+  :data:`VERBATIM_CHARS` characters, whitespace-normalised) appears verbatim in the retrieved
+  text: exact, but meaningful only for programs that keep messages verbatim (as offline
+  extraction does); comparable to the floors in benchmarks.md §2.7.
+- ``answer_recall`` — share of the gold answer's content words (lower-cased, Porter-stemmed,
+  stopwords removed) present in the retrieved text.
+
+Questions without evidence (BEAM abstention) get ``None`` for every metric and are left out of
+the means. Aggregation: mean per capability, per native type and overall (over questions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import Stemmer
+
+from evolve.datasets.types import CAPABILITIES, Question
+from evolve.models.embed import Embedder
+
+METRICS = ("evidence_similarity", "evidence_hit_rate", "evidence_recall", "answer_recall")
+BLOCK_CHARS = 1000
+MIN_BLOCK_CHARS = 120
+HIT_THRESHOLD = 0.8
+VERBATIM_CHARS = 200
+
+_STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for from
+    further had has have having he her here hers herself him himself his how i if in into is it
+    its itself just me more most my myself no nor not now of off on once only or other our ours
+    ourselves out over own same she should so some such than that the their theirs them
+    themselves then there these they this those through to too under until up very was we were
+    what when where which while who whom why will with would you your yours yourself yourselves
+    llm response should state mention contain""".split()
+)
+_WORD = re.compile(r"[a-z0-9]+(?:[.'][a-z0-9]+)*")
+_stemmer = Stemmer.Stemmer("english")
+
+
+def content_words(text: str) -> set[str]:
+    words = [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+    return set(_stemmer.stemWords(words))
+
+
+def blocks(text: str) -> list[str]:
+    """The retrieved text cut at blank lines into blocks of at most BLOCK_CHARS characters.
+
+    A paragraph shorter than MIN_BLOCK_CHARS joins the block before it; a longer one than
+    BLOCK_CHARS is cut into pieces. Blocks depend only on local text, so the same retrieved
+    unit yields the same blocks in every candidate and its embedding is computed once.
+    """
+    out: list[str] = []
+    for para in text.split("\n\n"):
+        if not para.strip():
+            continue
+        if out and len(para) < MIN_BLOCK_CHARS and len(out[-1]) + len(para) + 2 <= BLOCK_CHARS:
+            out[-1] = f"{out[-1]}\n\n{para}"
+            continue
+        out.extend(para[i : i + BLOCK_CHARS] for i in range(0, len(para), BLOCK_CHARS))
+    return out
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    question: Question
+    evidence: Sequence[str]  # texts of the evidence messages, rendered "role: content"
+    retrieved: str
+
+
+class OfflineScorer:
+    def __init__(self, embedder: Embedder, hit_threshold: float = HIT_THRESHOLD) -> None:
+        self.embedder = embedder
+        self.hit_threshold = hit_threshold
+
+    def score(self, items: Sequence[ScoreInput]) -> list[dict[str, float | None]]:
+        """Metrics for each item; one batched embedding call for all texts involved."""
+        texts: list[str] = []
+        for item in items:
+            texts.extend(item.evidence)
+            texts.extend(blocks(item.retrieved))
+        vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
+        out, pos = [], 0
+        for item in items:
+            n_e, n_w = len(item.evidence), len(blocks(item.retrieved))
+            ev, win = vectors[pos : pos + n_e], vectors[pos + n_e : pos + n_e + n_w]
+            pos += n_e + n_w
+            out.append(self._one(item, ev, win))
+        return out
+
+    def _one(self, item: ScoreInput, ev: np.ndarray, win: np.ndarray) -> dict[str, float | None]:
+        if not item.evidence:
+            return dict.fromkeys(METRICS)
+        sims = (ev @ win.T).max(axis=1) if len(win) else np.zeros(len(ev))
+        flat = _normalise(item.retrieved)
+        verbatim = [_normalise(e)[:VERBATIM_CHARS] in flat for e in item.evidence]
+        gold = content_words(item.question.gold)
+        found = content_words(item.retrieved) if gold else set()
+        return {
+            "evidence_similarity": float(np.mean(sims)),
+            "evidence_hit_rate": float(np.mean(sims >= self.hit_threshold)),
+            "evidence_recall": float(np.mean(verbatim)),
+            "answer_recall": len(gold & found) / len(gold) if gold else None,
+        }
+
+
+def aggregate(
+    rows: Iterable[tuple[Question, dict[str, Any]]], metrics: Sequence[str] = METRICS
+) -> dict[str, Any]:
+    """``{"overall": {...}, "by_capability": {cap: {...}}, "by_type": {type: {...}}}``.
+
+    Each leaf maps metric → mean over the questions that have a value, plus ``n`` (questions).
+    """
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for question, scores in rows:
+        for key in (("overall", ""), ("by_capability", question.capability),
+                    ("by_type", question.ability)):  # fmt: skip
+            groups[key].append(scores)
+
+    def summary(group: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": len(group)}
+        for m in metrics:
+            values = [s[m] for s in group if s.get(m) is not None]
+            out[m] = float(np.mean(values)) if values else None
+        return out
+
+    result: dict[str, Any] = {"overall": summary(groups.get(("overall", ""), [])),
+                              "by_capability": {}, "by_type": {}}  # fmt: skip
+    for cap in CAPABILITIES:
+        if ("by_capability", cap) in groups:
+            result["by_capability"][cap] = summary(groups[("by_capability", cap)])
+    for (kind, name), group in sorted(groups.items()):
+        if kind == "by_type":
+            result["by_type"][name] = summary(group)
+    return result

@@ -1,0 +1,117 @@
+"""Embedder: the real MiniLM (loaded once per module) and the hashing test double."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evolve.models.embed import Embedder
+from evolve.models.testing import HashingEmbedder
+
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A cat was sitting on a rug.",
+    "Quarterly revenue grew by eight percent.",
+    "I moved to Berlin in March 2021.",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("embed") / "embeddings.sqlite"
+
+
+@pytest.fixture(scope="module")
+def minilm(cache_file: Path) -> Embedder:
+    embedder = Embedder(cache_file)
+    embedder.embed(["warm up"])  # loads the model once for the module
+    return embedder
+
+
+def test_construction_is_cheap_and_lazy(tmp_path: Path) -> None:
+    embedder = Embedder(tmp_path / "e.sqlite")
+    assert embedder._model is None
+    assert (embedder.name, embedder.dim) == ("all-MiniLM-L6-v2", 384)
+
+
+@pytest.mark.slow
+def test_shape_dtype_and_normalisation(minilm: Embedder) -> None:
+    vecs = minilm.embed(SENTENCES)
+    assert vecs.shape == (len(SENTENCES), 384)
+    assert vecs.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_paraphrases_closer_than_unrelated(minilm: Embedder) -> None:
+    cat, cat2, revenue = minilm.embed(SENTENCES[:3])
+    assert float(cat @ cat2) > float(cat @ revenue) + 0.3
+
+
+@pytest.mark.slow
+def test_empty_input(minilm: Embedder) -> None:
+    out = minilm.embed([])
+    assert out.shape == (0, 384) and out.dtype == np.float32
+
+
+@pytest.mark.slow
+def test_cache_hits_encode_nothing_and_are_identical(minilm: Embedder, cache_file: Path) -> None:
+    texts = ["alpha beta gamma", "delta epsilon", "alpha beta gamma"]
+    minilm.stats.reset()
+    first = minilm.embed(texts)
+    assert minilm.stats.encoded == 2  # duplicates within a call are encoded once
+    assert minilm.stats.requested == 3
+    np.testing.assert_array_equal(first[0], first[2])
+    minilm.stats.reset()
+    second = minilm.embed(texts)
+    assert minilm.stats.encoded == 0 and minilm.stats.cache_hits == 2
+    np.testing.assert_array_equal(first, second)
+
+    other = Embedder(cache_file)  # a second instance shares the file
+    third = other.embed(texts)
+    assert other.stats.encoded == 0 and other._model is None  # served without loading a model
+    np.testing.assert_array_equal(first, third)
+
+    code = (  # another process: all hits, no model load, not even a torch import
+        "import sys, numpy as np; from evolve.models.embed import Embedder; "
+        f"e = Embedder({str(cache_file)!r}); v = e.embed({texts!r}); "
+        "assert e.stats.encoded == 0 and 'torch' not in sys.modules; "
+        "sys.stdout.buffer.write(v.tobytes())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True).stdout
+    np.testing.assert_array_equal(np.frombuffer(out, dtype=np.float32).reshape(3, 384), first)
+
+
+@pytest.mark.slow
+def test_without_disk_cache_matches_cached_rows(minilm: Embedder) -> None:
+    uncached = Embedder(None)
+    uncached._model = minilm._load()  # share the loaded weights, not the cache
+    np.testing.assert_allclose(uncached.embed(SENTENCES), minilm.embed(SENTENCES), atol=1e-6)
+    assert uncached.stats.cache_hits == 0
+
+
+@pytest.mark.slow
+def test_pickle_drops_the_model(minilm: Embedder) -> None:
+    clone = pickle.loads(pickle.dumps(minilm))
+    assert clone._model is None and clone.cache_path == minilm.cache_path
+
+
+def test_hashing_embedder_is_deterministic_and_normalised(tmp_path: Path) -> None:
+    a, b = HashingEmbedder(), HashingEmbedder(cache_path=tmp_path / "h.sqlite")
+    va, vb = a.embed(SENTENCES), b.embed(SENTENCES)
+    np.testing.assert_array_equal(va, vb)
+    assert va.shape == (len(SENTENCES), 384) and va.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(va[:-1], axis=1), 1.0, atol=1e-6)
+    assert not va[-1].any()  # the empty text stays the zero vector
+    assert float(va[0] @ va[1]) > float(va[0] @ va[2])  # shared words/trigrams score higher
+    assert a._model is None
+    assert HashingEmbedder(dim=16).embed(["x"]).shape == (1, 16)
+    assert a.embed([]).shape == (0, 384)
+    with pytest.raises(TypeError):
+        a.embed("one string")
