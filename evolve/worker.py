@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -396,7 +397,7 @@ def _windows(segment: Segment) -> list[Segment]:
 def _as_dict(record: Any, cls: type) -> Any:
     if not isinstance(record, cls):
         raise TypeError(f"expected a {cls.__name__}, got {type(record).__name__}")
-    return asdict(record)
+    return asdict(typing.cast(Any, record))
 
 
 def _describe(exc: BaseException, path: str | None = None) -> str:
