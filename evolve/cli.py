@@ -128,7 +128,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError("--jobs must be at least 1")
     if not args.program.is_file():
         raise UsageError(f"program file {args.program} not found")
-    tasks = load_taskset(data_dir(args.data_dir), args.split)
+    root = data_dir(args.data_dir)
+    try:
+        tasks = load_taskset(root, args.split)
+    except DataError as exc:
+        if "evolve data fetch beam" not in str(exc) or not _confirm_fetch(exc):
+            raise
+        from evolve.datasets.fetch import fetch_beam
+
+        fetch_beam(root, ["100K", "1M"])
+        tasks = load_taskset(root, args.split)
     task_model = None if args.model.lower() in ("none", "") else ModelConfig(model=args.model)
     if task_model is None:
         err.print(
@@ -153,12 +162,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except EvalError as exc:
             raise UsageError(str(exc)) from None
     run_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{report.meta['program_hash'][:8]}"
-    traces = write_run(report, args.runs_dir / run_id)
-    report.meta["traces"] = str(traces)
+    report.meta["traces"] = str(args.runs_dir / run_id / "questions.jsonl")
+    write_run(report, args.runs_dir / run_id)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:
         _print_report(report.as_json())
+    failed = report.meta["errors"]
+    if failed and failed == report.meta["questions"]:
+        first = next(t["error"] for t in report.traces if t.get("error"))
+        err.print(f"[red]error:[/] every question failed; first: {first}", highlight=False)
+        return 1
     return 0
 
 
@@ -172,6 +186,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     fetch_beam(root, sizes)
     err.print(f"BEAM {', '.join(sizes)} written under {root / 'beam'}")
     return 0
+
+
+def _confirm_fetch(exc: DataError) -> bool:
+    """Offer to download BEAM when it is missing (interactive terminals only)."""
+    if not sys.stdin.isatty():
+        return False
+    err.print(f"[yellow]{exc}[/]", highlight=False)
+    return input("Download BEAM 100K and 1M now? [y/N] ").strip().lower() in ("y", "yes")
 
 
 class _progress:

@@ -30,7 +30,13 @@ from evolve.datasets.types import Question, TaskSet
 from evolve.program import source_digest
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.stagecache import COMPONENTS, fingerprints
-from evolve.worker import ConversationResult, WorkerConfig, make_embedder, run_conversation
+from evolve.worker import (
+    ConversationResult,
+    WorkerConfig,
+    load_check,
+    make_embedder,
+    run_conversation,
+)
 
 OFFLINE_MODE = "offline: retrieval-only"
 
@@ -77,7 +83,11 @@ def evaluate(
     except SyntaxError as exc:
         raise EvalError(f"{program_path}, line {exc.lineno}: syntax error: {exc.msg}") from None
     started = time.perf_counter()
-    results = _run_jobs(source, str(program_path), tasks, config, jobs, on_progress)
+    pool = _pool(jobs)
+    problem = pool.submit(load_check, source, str(program_path)).result()
+    if problem:
+        raise EvalError(f"{program_path}: {problem}")
+    results = _run_jobs(pool, source, str(program_path), tasks, config, on_progress)
 
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
@@ -130,22 +140,22 @@ def evaluate(
     )
 
 
+def _pool(jobs: int) -> Any:
+    """The reusable worker pool (loky); torch gets an equal share of the cores in each worker."""
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    return get_reusable_executor(max_workers=max(1, jobs), timeout=300, env=env)
+
+
 def _run_jobs(
+    executor: Any,
     source: str,
     path: str,
     tasks: TaskSet,
     config: WorkerConfig,
-    jobs: int,
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
-    # One torch thread per worker: several workers each using every core only fight.
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
-    executor = get_reusable_executor(
-        max_workers=max(1, jobs),
-        timeout=300,
-        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
-    )
     futures: dict[Future[ConversationResult], str] = {}
     for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
         fut = executor.submit(run_conversation, source, path, conv, by_conv[conv.id], config)

@@ -190,6 +190,8 @@ class _StatePickler(pickle.Pickler):
         if obj is self._backend:
             return ("backend",)
         if isinstance(obj, type | types.FunctionType) and obj.__module__ == self._program_module:
+            if "<" in obj.__qualname__:  # a lambda or local: no name to rebind it by
+                raise pickle.PicklingError(f"cannot store {obj.__qualname__}")
             return ("program", obj.__qualname__)
         return None
 

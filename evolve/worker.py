@@ -37,6 +37,7 @@ from evolve.models.testing import ScriptedLLM
 from evolve.program import (
     OUT_CHAR_BUDGET,
     BackendError,
+    ContractError,
     Program,
     build_record,
     json_schema,
@@ -241,9 +242,13 @@ class _Run:
         cls = self.program.get("Memory")
         data = self.store.get_bytes("index", self.index_key)
         if data is not None:
-            self._memory = load_state(cls, data, self.ns, self.backend)
-            self.count("index", "reused")
-            return self._memory
+            try:
+                self._memory = load_state(cls, data, self.ns, self.backend)
+            except Exception:  # stored by an incompatible program: rebuild instead
+                self._memory = None
+            else:
+                self.count("index", "reused")
+                return self._memory
         all_units = [self.units(i) for i in range(len(self.conv.sessions))]
         try:
             self._memory = self.timed("index", lambda: self._index(cls, all_units))
@@ -356,6 +361,15 @@ class _Run:
             + f"Question: {q.question}\nAnswer:"
         )
         return self.llm.complete("task", f"{self.config.stage_label}/answer", prompt).text
+
+
+def load_check(source: str, path: str) -> str | None:
+    """None when the program loads and defines what the contract requires, else why not."""
+    try:
+        load_program(source, path)
+    except Exception as exc:
+        return str(exc) if isinstance(exc, ContractError) else _describe(exc, path)
+    return None
 
 
 def run_conversation(

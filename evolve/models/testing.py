@@ -1,6 +1,7 @@
 """Test doubles for :mod:`evolve.models`, shipped with the library so every test uses the same.
 
-Owns :class:`ScriptedLLM` and re-exports :class:`~evolve.models.embed.HashingEmbedder`.
+Owns :class:`ScriptedLLM`, :func:`task_script` (a scripted task model) and re-exports
+:class:`~evolve.models.embed.HashingEmbedder`.
 
 Invariants: the doubles subclass the real classes and replace only the piece that would reach
 a model (``LLMClient._transport``, ``Embedder._encode``), so accounting, caching, retries and
@@ -10,6 +11,8 @@ a double by name, in tests or explicitly labelled offline runs.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 from evolve.models.embed import HashingEmbedder
 from evolve.models.llm import ROLES, Completion, LLMClient, Message, ModelConfig, Models
 
-__all__ = ["HashingEmbedder", "ScriptedLLM", "Script"]
+__all__ = ["HashingEmbedder", "ScriptedLLM", "Script", "task_script"]
 
 Script = Sequence[str] | Callable[[str, str, list[Message]], str]
 
@@ -73,3 +76,25 @@ class ScriptedLLM(LLMClient):
         if self.usd_per_token is not None:
             cost = self.usd_per_token * (prompt_tokens + completion_tokens)
         return Completion(text, prompt_tokens, completion_tokens, cost, 0.0, False, config.model)
+
+
+_MESSAGE_LINE = re.compile(r"^\[(?P<id>[^\]]+)\] (?P<role>\w+): (?P<text>.*)$")
+
+
+def task_script(role: str, stage: str, messages: list[Message]) -> str:
+    """A deterministic task model for executor tests (picklable, so workers can use it).
+
+    Answers the executor's three task prompts by stage: extraction → one ``{"content": ...}``
+    unit per rendered ``[id] role: text`` line (its first 300 characters); planning →
+    ``{"text": <the question>}``; answer → a fixed sentence. Programs whose MemoryUnit and
+    Query have other required fields get validation errors, as they would from a real model.
+    """
+    prompt = str(messages[-1].get("content", ""))
+    if stage.endswith("/extract"):
+        lines = (_MESSAGE_LINE.match(line) for line in prompt.splitlines())
+        units = [{"content": f"{m['role']}: {m['text'][:300]}"} for m in lines if m]
+        return json.dumps({"units": units})
+    if stage.endswith("/plan"):
+        question = prompt.rsplit("Question: ", 1)[-1].split("\n", 1)[0]
+        return json.dumps({"text": question})
+    return "This is a scripted answer."

@@ -1,0 +1,139 @@
+"""Executor: stage reuse by component fingerprint, scripted-LLM accounting, failure handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evolve.datasets.beam import load_conversation
+from evolve.datasets.types import Conversation, TaskSet
+from evolve.executor import EvalError, evaluate
+from evolve.models.llm import ModelConfig
+from evolve.models.testing import task_script
+from evolve.worker import WorkerConfig
+
+SEEDS = Path(__file__).resolve().parents[1] / "seeds"
+DENSE = (SEEDS / "dense.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def tasks(data_dir: Path) -> TaskSet:
+    """Two sessions of BEAM-100K conversation 1 and the questions whose evidence lies there."""
+    conv, questions = load_conversation(data_dir, "100K", "1")
+    sessions = conv.sessions[:2]
+    ids = {m.id for s in sessions for m in s.messages}
+    keep = [q for q in questions if q.evidence_ids and set(q.evidence_ids) <= ids][:6]
+    assert len(keep) >= 3
+    return TaskSet("beam", "small", (Conversation(conv.id, sessions, conv.meta),), tuple(keep))
+
+
+def variant(tmp_path: Path, name: str, old: str, new: str, base: str = DENSE) -> Path:
+    assert old in base, old
+    path = tmp_path / f"{name}.py"
+    path.write_text(base.replace(old, new))
+    return path
+
+
+def run(path: Path, tasks: TaskSet, cache: Path, **config: object) -> dict:
+    cfg = WorkerConfig(cache_dir=str(cache), task_model=None, embedder="hashing")
+    if config:
+        cfg = WorkerConfig(cache_dir=str(cache), embedder="hashing", **config)  # type: ignore[arg-type]
+    report = evaluate(path, tasks, cfg, jobs=1)
+    return {**report.as_json(), "traces": report.traces}
+
+
+def computed(report: dict, stage: str) -> int:
+    return report["stages"][stage]["computed"]
+
+
+def test_retrieval_only_revision_reuses_extraction_and_index(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    n_sessions, n_questions = len(tasks.conversations[0].sessions), len(tasks.questions)
+    base = run(variant(tmp_path, "base", "TOP_K = 200", "TOP_K = 200"), tasks, cache)
+    assert computed(base, "extract") == n_sessions
+    assert computed(base, "index") == 1
+    assert computed(base, "retrieve") == n_questions
+    assert base["meta"]["mode"] == "offline: retrieval-only"
+
+    child = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, cache)
+    assert computed(child, "extract") == 0
+    assert computed(child, "index") == 0
+    assert child["stages"]["index"]["reused"] == 1
+    assert child["stages"]["plan"]["reused"] == n_questions
+    assert computed(child, "retrieve") == n_questions
+    # Reused memory behaves exactly like memory built from scratch.
+    fresh = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, tmp_path / "c2")
+    assert [t["retrieved"] for t in child["traces"]] == [t["retrieved"] for t in fresh["traces"]]
+
+
+def test_extraction_instruction_change_recomputes_extraction_onward(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    run(variant(tmp_path, "base", "TOP_K = 200", "TOP_K = 200"), tasks, cache)
+    child = run(variant(tmp_path, "child", "Read the conversation", "Study the conversation"),
+                tasks, cache)  # fmt: skip
+    assert computed(child, "extract") == len(tasks.conversations[0].sessions)
+    assert computed(child, "index") == 1
+    assert computed(child, "retrieve") == len(tasks.questions)
+    # Query planning reads no memory: its key is unchanged, so plans are reused.
+    assert child["stages"]["plan"]["reused"] == len(tasks.questions)
+
+
+def test_helper_used_by_index_invalidates_indexing_only(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    run(variant(tmp_path, "base", "TOP_K = 200", "TOP_K = 200"), tasks, cache)
+    old = 'return f"[{unit.date}] {unit.content}" if unit.date else unit.content'
+    child = run(variant(tmp_path, "child", old, old.replace("] ", "] -- ")), tasks, cache)
+    assert computed(child, "extract") == 0
+    assert child["stages"]["extract"]["reused"] == len(tasks.conversations[0].sessions)
+    assert computed(child, "index") == 1
+    assert all(" -- " in t["retrieved"] for t in child["traces"] if t["retrieved"])
+
+
+def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    online = {"task_model": ModelConfig(model="scripted"), "script": task_script}
+    base = run(variant(tmp_path, "base", "TOP_K = 200", "TOP_K = 200"), tasks, cache, **online)
+    stages = base["usage"]["task"]["stages"]
+    assert stages["eval/extract"] >= len(tasks.conversations[0].sessions)
+    assert stages["eval/plan"] == stages["eval/answer"] == len(tasks.questions)
+    assert base["meta"]["mode"] == "online"
+    assert all(t["answer"] == "This is a scripted answer." for t in base["traces"])
+
+    child = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, cache, **online)
+    stages = child["usage"]["task"]["stages"]
+    assert "eval/extract" not in stages and "eval/plan" not in stages
+    assert stages["eval/answer"] == len(tasks.questions)
+
+
+def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    path = variant(tmp_path, "bad", "        if not self.blocks:", "        1 / 0\n        if not self.blocks:")
+    report = run(path, tasks, cache)
+    assert report["meta"]["errors"] == len(tasks.questions)
+    assert all(t["error"].startswith("retrieve: ZeroDivisionError") for t in report["traces"])
+    assert "(line " in report["traces"][0]["error"]
+    assert report["scores"]["overall"]["evidence_similarity"] == 0.0
+    assert report["stages"]["retrieve"]["failed"] == len(tasks.questions)
+    again = run(path, tasks, cache)
+    assert again["stages"]["retrieve"]["failed"] == len(tasks.questions)  # failures not stored
+
+
+def test_unpicklable_memory_is_rebuilt_not_reused(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    old = "        self.parts: list[np.ndarray] = []\n"
+    path = variant(tmp_path, "lam", old, old + "        self.key = lambda x: x\n")
+    run(path, tasks, cache)
+    child = variant(tmp_path, "lam2", "TOP_K = 200", "TOP_K = 5", path.read_text())
+    report = run(child, tasks, cache)
+    assert computed(report, "index") == 1 and computed(report, "extract") == 0
+
+
+def test_contract_violation_is_refused_before_evaluation(tasks: TaskSet, tmp_path: Path):
+    path = variant(tmp_path, "noinstr", 'PLANNING_INSTRUCTION = (', 'PLANNING_INSTRUCTION = "" and (')
+    with pytest.raises(EvalError, match="PLANNING_INSTRUCTION must be a non-empty string"):
+        run(path, tasks, tmp_path / "cache")
+    broken = tmp_path / "syntax.py"
+    broken.write_text("def f(:\n")
+    with pytest.raises(EvalError, match="line 1: syntax error"):
+        run(broken, tasks, tmp_path / "cache")
