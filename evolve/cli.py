@@ -22,7 +22,7 @@ from rich.table import Table
 
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
 out = Console()
 
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args)
         return cmd_fetch(args)
     except (UsageError, DataError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)
         return 2
     except KeyboardInterrupt:
         err.print("interrupted: stage outputs computed so far are kept in the cache")

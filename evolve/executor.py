@@ -51,15 +51,12 @@ class EvalReport:
     scores: dict[str, Any]
     stages: dict[str, dict[str, int]]
     usage: dict[str, dict[str, Any]]
+    work: dict[str, Any]
     traces: list[dict[str, Any]] = field(repr=False)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "meta": self.meta,
-            "scores": self.scores,
-            "stages": self.stages,
-            "usage": self.usage,
-        }
+        keys = ("meta", "scores", "stages", "usage", "work")
+        return {k: getattr(self, k) for k in keys}
 
 
 ProgressFn = Callable[[int], None]
@@ -136,6 +133,7 @@ def evaluate(
         scores=aggregate(rows),
         stages=_sum_counters(r.counters for r in results.values()),
         usage=_sum_usage(u for r in results.values() for u in r.usage),
+        work=_sum_work(results.values()),
         traces=traces,
     )
 
@@ -201,6 +199,18 @@ def _sum_usage(records: Any) -> dict[str, dict[str, Any]]:
         stages = row.setdefault("stages", {})
         stages[r["stage"]] = stages.get(r["stage"], 0) + 1
     return out
+
+
+def _sum_work(results: Any) -> dict[str, Any]:
+    """Seconds per stage and embedding work, summed over the workers' jobs."""
+    seconds: dict[str, float] = {}
+    embedding: dict[str, float] = {}
+    for r in results:
+        for k, v in r.seconds.items():
+            seconds[k] = round(seconds.get(k, 0.0) + v, 3)
+        for k, v in r.embedding.items():
+            embedding[k] = round(embedding.get(k, 0) + v, 3)
+    return {"stage_seconds": seconds, "worker_embedding": embedding}
 
 
 def write_run(report: EvalReport, out_dir: Path) -> Path:

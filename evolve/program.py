@@ -277,11 +277,18 @@ def _type_error(spec: FieldSpec, value: Any) -> str | None:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif kind == "number":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and not math.isfinite(value):
+        if ok and not _finite(value):
             return "non-finite number"
     else:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
     return None if ok else f"expected {kind}, got {type(value).__name__}"
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (JSON allows any number of digits)
+        return False
 
 
 _DEFAULTS = {"string": "", "integer": 0, "number": 0.0, "boolean": False}

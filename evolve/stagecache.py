@@ -69,6 +69,8 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return [stmt.name]
     if isinstance(stmt, ast.Import | ast.ImportFrom):
+        if any(a.name == "*" for a in stmt.names):
+            return []  # binds names we cannot see: treated as loose code (every component)
         return [(a.asname or a.name).split(".")[0] for a in stmt.names]
     if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
@@ -96,7 +98,12 @@ def fingerprints(source: str) -> dict[str, str]:
     if memory_def is not None:
         header = [*memory_def.bases, *memory_def.keywords, *memory_def.decorator_list]
         for stmt in memory_def.body:
-            for name in _bound_names(stmt):
+            names = _bound_names(stmt)
+            if not names and not (
+                isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+            ):
+                header.append(stmt)  # class-body code that binds no name (an ``if`` block, say)
+            for name in names:
                 members.setdefault(name, []).append(stmt)
 
     def closure(top_roots: Iterable[str], member_roots: Iterable[str]) -> tuple[set[str], set[str]]:

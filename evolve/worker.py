@@ -86,6 +86,7 @@ class ConversationResult:
     counters: dict[str, dict[str, int]]
     usage: list[dict[str, Any]]
     seconds: dict[str, float] = field(default_factory=dict)
+    embedding: dict[str, float] = field(default_factory=dict)  # the embedder's stats for this job
 
 
 _EMBEDDERS: dict[tuple[str, str], Embedder] = {}
@@ -386,10 +387,12 @@ def run_conversation(
             {"id": q.id, "conversation_id": q.conversation_id, "error": error} for q in questions
         ]
         return ConversationResult(conv.id, traces, counters, [])
+    run.embedder.stats.reset()
     traces = [run.question(q) for q in questions]
     run.count_untouched()
     usage = [_usage_dict(r) for r in run.llm.drain_records()] if run.llm else []
-    return ConversationResult(conv.id, traces, run.counters, usage, run.seconds)
+    embedding = asdict(run.embedder.stats)
+    return ConversationResult(conv.id, traces, run.counters, usage, run.seconds, embedding)
 
 
 def _windows(segment: Segment) -> list[Segment]:

@@ -14,5 +14,5 @@ def data_dir() -> Path:
     default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     path = Path(os.environ.get("EVOLVE_DATA") or default)
     if not path.is_dir():
-        pytest.skip(f"benchmark data not found at {path} (set EVOLVE_DATA)")
+        pytest.fail(f"benchmark data not found at {path} (set EVOLVE_DATA)")
     return path

@@ -108,7 +108,9 @@ def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSe
 
 def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path: Path):
     cache = tmp_path / "cache"
-    path = variant(tmp_path, "bad", "        if not self.blocks:", "        1 / 0\n        if not self.blocks:")
+    path = variant(
+        tmp_path, "bad", "        if not self.blocks:", "        1 / 0\n        if not self.blocks:"
+    )
     report = run(path, tasks, cache)
     assert report["meta"]["errors"] == len(tasks.questions)
     assert all(t["error"].startswith("retrieve: ZeroDivisionError") for t in report["traces"])
@@ -130,7 +132,9 @@ def test_unpicklable_memory_is_rebuilt_not_reused(tasks: TaskSet, tmp_path: Path
 
 
 def test_contract_violation_is_refused_before_evaluation(tasks: TaskSet, tmp_path: Path):
-    path = variant(tmp_path, "noinstr", 'PLANNING_INSTRUCTION = (', 'PLANNING_INSTRUCTION = "" and (')
+    path = variant(
+        tmp_path, "noinstr", "PLANNING_INSTRUCTION = (", 'PLANNING_INSTRUCTION = "" and ('
+    )
     with pytest.raises(EvalError, match="PLANNING_INSTRUCTION must be a non-empty string"):
         run(path, tasks, tmp_path / "cache")
     broken = tmp_path / "syntax.py"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from evolve.datasets import beam, fetch
 from evolve.datasets.types import DataError
+
 
 TOPIC = {"id": 7, "category": "Coding", "title": "A tiny app", "theme": "t", "subtopics": ["a"]}
 
@@ -171,17 +171,24 @@ def test_split_file_matching(path: str, split: str, ok: bool) -> None:
     assert fetch._is_split_file(path, split) is ok
 
 
-def test_fetch_without_parquet_reader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for mod in ("pyarrow", "pyarrow.parquet", "pandas"):
-        monkeypatch.setitem(sys.modules, mod, None)
-    with pytest.raises(DataError, match="needs pyarrow or pandas"):
-        fetch.fetch_beam(tmp_path, ["100K"], progress=False)
+def test_read_parquet_then_convert(tmp_path: Path) -> None:
+    """A parquet file with the hub's columns reads back into rows that convert and load."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = _row(chat=repr(_row()["chat"]))  # the hub stores nested columns as literals
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "100K-00000.parquet")
+    rows = fetch.read_parquet(tmp_path / "100K-00000.parquet")
+    assert rows[0]["conversation_id"] == 7 and rows[0]["conversation_seed"] == TOPIC
+    fetch.convert_row(rows[0], "100K", tmp_path / "data")
+    conv, questions = beam.load_conversation(tmp_path / "data", "100K", "7")
+    assert len(conv.sessions) == 2 and questions
 
 
 def test_fetch_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in fetch._PROXY_VARS:
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(fetch, "parquet_reader", lambda: lambda path: [])
+    monkeypatch.setattr(fetch, "read_parquet", lambda path: [])
     start = time.monotonic()
     with pytest.raises(DataError) as err:
         fetch.fetch_beam(tmp_path, ["100K"], progress=False, endpoint="http://127.0.0.1:9")
@@ -211,7 +218,7 @@ def test_fetch_with_a_fake_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
     rows = {"100K-00000-of-00001.parquet": [_row(), _row(conversation_id="8")]}
     monkeypatch.setattr(fetch, "_probe", lambda *a: None)
-    monkeypatch.setattr(fetch, "parquet_reader", lambda: lambda path: rows[path.name])
+    monkeypatch.setattr(fetch, "read_parquet", lambda path: rows[path.name])
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     out = tmp_path / "data"

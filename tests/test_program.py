@@ -1,7 +1,8 @@
-"""evolve/program.py: loading a program, the contract checks, schemas, validation, offline records."""
+"""evolve/program.py: loading, the contract checks, schemas, validation, offline records."""
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from dataclasses import dataclass, fields
@@ -91,7 +92,9 @@ def test_base_program_loads() -> None:
 
 @pytest.mark.parametrize("value", ['""', '"   \\n"', "None", "42"])
 def test_instruction_must_be_nonempty_string(value: str) -> None:
-    source = BASE.replace('PLANNING_INSTRUCTION = "Plan a query."', f"PLANNING_INSTRUCTION = {value}")
+    source = BASE.replace(
+        'PLANNING_INSTRUCTION = "Plan a query."', f"PLANNING_INSTRUCTION = {value}"
+    )
     assert "PLANNING_INSTRUCTION must be a non-empty string" in _contract_error(source)
 
 
@@ -139,7 +142,7 @@ def test_memory_must_be_a_class() -> None:
 
 
 def test_memory_missing_retrieve() -> None:
-    source = BASE.replace("    def retrieve(self, query):\n        return \"\"\n", "")
+    source = BASE.replace('    def retrieve(self, query):\n        return ""\n', "")
     assert "Memory.retrieve must be defined" in _contract_error(source)
 
 
@@ -161,7 +164,9 @@ def test_retrieve_compatible_signatures_pass(signature: str) -> None:
 
 
 def test_async_index_rejected() -> None:
-    source = BASE.replace("    def index(self, units, segment):", "    async def index(self, units, segment):")
+    source = BASE.replace(
+        "    def index(self, units, segment):", "    async def index(self, units, segment):"
+    )
     assert "Memory.index must be a plain synchronous function" in _contract_error(source)
 
 
@@ -336,6 +341,12 @@ def test_int_accepted_for_float_and_converted() -> None:
 def test_non_finite_numbers_rejected(value: float) -> None:
     assert "field 'score': non-finite number" in _record_error({**GOOD, "score": value})
     assert "field 'weight': non-finite number" in _record_error({**GOOD, "weight": value})
+
+
+def test_int_too_large_for_a_float_rejected() -> None:
+    huge = json.loads("1" + "0" * 400)  # JSON allows it; float() overflows
+    assert "field 'score': non-finite number" in _record_error({**GOOD, "score": huge})
+    assert validate_record(Everything, {**GOOD, "count": huge}, globals()).count == huge
 
 
 def test_null_for_optional_ok_and_for_required_rejected() -> None:

@@ -10,7 +10,7 @@ Invariants:
 - `convert_row` is pure apart from the files it writes; it validates what it writes with the
   loader's own parsers, so a converted conversation always loads.
 - Network failures fail fast (a few seconds) with one `DataError` line saying where to put the
-  files by hand. Parquet is read with pyarrow or pandas when installed; neither is a dependency.
+  files by hand. Parquet is read with pyarrow.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -226,22 +226,11 @@ def _write_text(path: Path, text: str) -> Path:
 # ---------------------------------------------------------------- hub access
 
 
-def parquet_reader() -> Callable[[Path], list[Row]]:
-    """A function reading one parquet file into plain row dicts (pyarrow, else pandas)."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        pass
-    else:
-        return lambda path: list(pq.read_table(path).to_pylist())
-    try:
-        import pandas as pd
-    except ImportError:
-        raise DataError(
-            "reading the BEAM release (parquet) needs pyarrow or pandas and neither is installed; "
-            "run `pip install pyarrow` or place the files by hand"
-        ) from None
-    return lambda path: [_plain(r) for r in pd.read_parquet(path).to_dict("records")]
+def read_parquet(path: Path) -> list[Row]:
+    """The rows of one parquet file of the release, as plain dicts."""
+    import pyarrow.parquet as pq
+
+    return [_plain(row) for row in pq.read_table(path).to_pylist()]
 
 
 def _unreachable(reason: str, data_dir: Path) -> DataError:
@@ -300,7 +289,6 @@ def fetch_beam(
     unknown = [s for s in sizes if s not in HUB_DATASETS]
     if unknown:
         raise DataError(f"unknown BEAM size(s) {unknown} (expected {', '.join(HUB_DATASETS)})")
-    read = parquet_reader()
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
     for var in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
         os.environ.setdefault(var, str(max(1, int(timeout))))
@@ -339,7 +327,7 @@ def fetch_beam(
             counts[size] = total = 0
             bar.update(task, description=f"BEAM-{size}: converting", total=0, completed=0)
             for path in local:
-                rows = read(Path(path))
+                rows = read_parquet(Path(path))
                 total += len(rows)
                 bar.update(task, total=total)
                 for row in rows:

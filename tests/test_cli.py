@@ -1,0 +1,125 @@
+"""The `evolve` command line: the JSON report end to end, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evolve.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSE = str(ROOT / "seeds" / "dense.py")
+
+
+@pytest.fixture
+def one_conv(data_dir: Path, tmp_path: Path) -> Path:
+    """A data root holding one BEAM-100K conversation (a copy in tmp, for `--split all`)."""
+    src = data_dir / "beam" / "chats" / "100K" / "1"
+    dst = tmp_path / "data" / "beam" / "chats" / "100K" / "1"
+    shutil.copytree(src, dst)
+    return tmp_path / "data"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_eval_json_report(one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, out, err = run_cli(
+        capsys, "eval", "--program", DENSE, "--bench", "beam", "--split", "all",
+        "--data-dir", str(one_conv), "--json", "--embedder", "hashing", "--jobs", "1",
+        "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+        "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "offline: retrieval-only" in err and "test double" in err
+    report = json.loads(out)
+    meta = report["meta"]
+    assert meta["bench"] == "beam" and meta["split"] == "all" and meta["questions"] == 20
+    assert meta["mode"] == "offline: retrieval-only" and len(meta["program_hash"]) == 64
+    assert meta["models"]["task"] is None
+    assert set(report["scores"]) == {"overall", "by_capability", "by_type"}
+    assert set(report["scores"]["by_capability"]) == {"F", "T", "P", "M", "A"}
+    assert len(report["scores"]["by_type"]) == 10
+    assert 0.0 < report["scores"]["overall"]["evidence_similarity"] <= 1.0
+    assert report["stages"]["retrieve"]["computed"] == 20
+    assert report["usage"] == {}
+    lines = Path(meta["traces"]).read_text().splitlines()
+    assert len(lines) == 20 and "retrieved" in json.loads(lines[0])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data-dir", "/nonexistent/data"], "data directory /nonexistent/data does not exist"),
+        (["--split", "nosuch"], "unknown BEAM split 'nosuch'"),
+        (["--program", "/nonexistent/prog.py"], "program file /nonexistent/prog.py not found"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--split", "all:1M"], "no BEAM-1M data"),
+    ],
+)
+def test_eval_bad_input_is_one_error_line(
+    one_conv: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+):
+    base = {"--program": DENSE, "--split": "all", "--data-dir": str(one_conv)}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = ["eval", *[x for kv in base.items() for x in kv], "--no-progress"]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert len(error_lines(err)) == 1 and message in error_lines(err)[0], err
+    assert "Traceback" not in err
+
+
+def test_missing_data_dir_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.delenv("EVOLVE_DATA", raising=False)
+    code, _, err = run_cli(capsys, "eval", "--program", DENSE)
+    assert code == 2 and "pass --data-dir DIR or set EVOLVE_DATA" in error_lines(err)[0]
+
+
+def test_malformed_benchmark_file(one_conv: Path, capsys: pytest.CaptureFixture[str]):
+    (one_conv / "beam" / "chats" / "100K" / "1" / "chat.json").write_text('[{"batch_number": 1,')
+    code, _, err = run_cli(capsys, "eval", "--program", DENSE, "--split", "all",
+                           "--data-dir", str(one_conv))  # fmt: skip
+    assert code == 2
+    assert "chat.json: not valid JSON" in error_lines(err)[0]
+
+
+def test_broken_program_is_refused(
+    one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    bad = tmp_path / "bad.py"
+    bad.write_text(Path(DENSE).read_text().replace("class Memory:", "class Memo:"))
+    code, _, err = run_cli(capsys, "eval", "--program", str(bad), "--split", "all",
+                           "--data-dir", str(one_conv), "--no-progress")  # fmt: skip
+    assert code == 2
+    assert "Memory must be a class" in error_lines(err)[0]
+
+
+def test_program_failing_every_question_exits_nonzero(
+    one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    bad = tmp_path / "crash.py"
+    bad.write_text(
+        Path(DENSE)
+        .read_text()
+        .replace("        if not units:", "        raise KeyError('boom')\n        if not units:")
+    )
+    code, _, err = run_cli(
+        capsys, "eval", "--program", str(bad), "--split", "all", "--data-dir", str(one_conv),
+        "--embedder", "hashing", "--runs-dir", str(tmp_path / "runs"),
+        "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+    )  # fmt: skip
+    assert code == 1
+    assert "every question failed" in error_lines(err)[0] and "KeyError" in error_lines(err)[0]

@@ -1,0 +1,611 @@
+"""evolve/stagecache.py: component fingerprints, stage keys, the store and memory-state pickling."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from evolve.program import load_program
+from evolve.stagecache import (
+    COMPONENTS,
+    StageKeys,
+    StageStore,
+    changed_components,
+    dump_state,
+    fingerprints,
+    load_state,
+)
+
+BASE = textwrap.dedent(
+    '''\
+    """A compact program for fingerprint tests."""
+
+    import math
+    from dataclasses import dataclass
+
+    TOP_K = 3  # used by retrieve only
+    SEP = "\\n\\n"  # used by index only
+
+    EXTRACTION_INSTRUCTION = "Extract facts."
+    PLANNING_INSTRUCTION = "Plan a query."
+    ANSWER_INSTRUCTION = "Answer briefly."
+
+
+    @dataclass
+    class MemoryUnit:
+        content: str
+
+
+    @dataclass
+    class Query:
+        text: str
+
+
+    def tokens(text):
+        return text.lower().split()
+
+
+    def norm(text):
+        return text.strip()
+
+
+    def rank(scores):
+        return sorted(scores, key=lambda s: -math.log1p(s[0]))[:TOP_K]
+
+
+    class Memory:
+        def __init__(self, backend):
+            self.backend = backend
+            self.units = []
+            self.words = []
+
+        def index(self, units, segment):
+            for unit in units:
+                self.units.append(norm(unit.content) + SEP)
+                self.words.append(set(tokens(unit.content)))
+
+        def retrieve(self, query):
+            scores = [(self._score(query.text, w), i) for i, w in enumerate(self.words)]
+            return "".join(self.units[i] for _, i in rank(scores))
+
+        def _score(self, text, words):
+            return len(set(norm(text).split()) & words)
+
+        def _debug(self):
+            return len(self.units)
+    '''
+)
+
+
+def _sub(old: str, new: str, source: str = BASE) -> str:
+    assert source.count(old) == 1, old
+    return source.replace(old, new)
+
+
+def _changed(new: str) -> list[str]:
+    return changed_components(BASE, new)
+
+
+# --- fingerprints -------------------------------------------------------------------------
+
+
+def test_fingerprints_cover_every_component_and_differ() -> None:
+    fp = fingerprints(BASE)
+    assert list(fp) == list(COMPONENTS)
+    assert len(set(fp.values())) == len(COMPONENTS)
+    assert all(len(v) == 64 for v in fp.values())
+    assert fingerprints(BASE) == fp  # deterministic
+
+
+def test_base_program_is_a_valid_program() -> None:
+    load_program(BASE, "<base>")
+
+
+def test_identical_source_changes_nothing() -> None:
+    assert _changed(BASE) == []
+
+
+def test_retrieve_change_only_retrieve() -> None:
+    new = _sub('return "".join(self.units[i]', 'return "\\n".join(self.units[i]')
+    assert _changed(new) == ["retrieve"]
+
+
+def test_extraction_instruction_only_extract() -> None:
+    new = _sub('"Extract facts."', '"Extract every fact."')
+    assert _changed(new) == ["extract"]
+
+
+def test_memory_unit_change_only_extract() -> None:
+    new = _sub(
+        "class MemoryUnit:\n    content: str", "class MemoryUnit:\n    content: str\n    x: int = 0"
+    )
+    assert _changed(new) == ["extract"]
+
+
+def test_postprocess_units_hook_is_extract() -> None:
+    hook = "\n\ndef postprocess_units(units, segment):\n    return units\n"
+    with_hook = BASE + hook
+    assert changed_components(BASE, with_hook) == ["extract"]
+    edited = with_hook.replace("return units\n", "return units[:10]\n")
+    assert changed_components(with_hook, edited) == ["extract"]
+
+
+def test_answer_instruction_only_answer() -> None:
+    new = _sub('"Answer briefly."', '"Answer in one word."')
+    assert _changed(new) == ["answer"]
+
+
+def test_planning_instruction_only_plan() -> None:
+    new = _sub('"Plan a query."', '"Plan two queries."')
+    assert _changed(new) == ["plan"]
+
+
+def test_query_change_only_plan() -> None:
+    new = _sub("class Query:\n    text: str", "class Query:\n    text: str\n    k: int = 5")
+    assert _changed(new) == ["plan"]
+
+
+def test_postprocess_query_hook_is_plan() -> None:
+    with_hook = BASE + "\n\ndef postprocess_query(query, question):\n    return query\n"
+    assert changed_components(BASE, with_hook) == ["plan"]
+
+
+def test_helper_used_only_by_index() -> None:
+    new = _sub("return text.lower().split()", "return text.split()")
+    assert _changed(new) == ["index"]
+
+
+def test_helper_used_by_index_and_retrieve() -> None:
+    new = _sub("return text.strip()", "return text.strip().lower()")
+    assert _changed(new) == ["index", "retrieve"]
+
+
+def test_constant_used_only_by_retrieve() -> None:
+    assert _changed(_sub("TOP_K = 3", "TOP_K = 4")) == ["retrieve"]
+
+
+def test_constant_used_only_by_index() -> None:
+    assert _changed(_sub('SEP = "\\n\\n"', 'SEP = "\\n"')) == ["index"]
+
+
+def test_transitive_helper_of_retrieve() -> None:
+    # rank() is called by retrieve and itself uses math and TOP_K
+    assert _changed(_sub("-math.log1p(s[0])", "-s[0]")) == ["retrieve"]
+
+
+def test_memory_method_via_self_from_retrieve() -> None:
+    new = _sub("return len(set(norm(text).split()) & words)", "return len(words)")
+    assert _changed(new) == ["retrieve"]
+
+
+def test_unreached_memory_method_counts_as_index() -> None:
+    new = _sub("return len(self.units)", "return len(self.words)")
+    assert _changed(new) == ["index"]
+
+
+def test_new_memory_method_counts_as_index() -> None:
+    new = _sub(
+        "    def _debug(self):", "    def _other(self):\n        return 1\n\n    def _debug(self):"
+    )
+    assert _changed(new) == ["index"]
+
+
+def test_memory_init_is_index() -> None:
+    new = _sub("self.words = []", "self.words = list()")
+    assert _changed(new) == ["index"]
+
+
+def test_memory_base_class_changes_index_and_retrieve() -> None:
+    new = _sub("class Memory:", "class Memory(object):")
+    assert _changed(new) == ["index", "retrieve"]
+
+
+def test_import_used_by_retrieve() -> None:
+    assert _changed(_sub("import math\n", "import cmath as math\n")) == ["retrieve"]
+
+
+def test_new_unused_import_changes_nothing() -> None:
+    assert _changed(_sub("import math\n", "import math\nimport json\n")) == []
+
+
+def test_unused_new_helper_changes_nothing() -> None:
+    assert _changed(BASE + "\n\ndef unused(x):\n    return x\n") == []
+
+
+@pytest.mark.parametrize(
+    "loose",
+    ["print('loaded')", "if TOP_K > 2:\n    pass", "for _i in range(2):\n    pass", "assert True"],
+)
+def test_loose_top_level_statement_changes_all(loose: str) -> None:
+    assert _changed(BASE + "\n" + loose + "\n") == list(COMPONENTS)
+
+
+def test_star_import_is_loose_code() -> None:
+    star = _sub("-math.log1p(s[0])", "-log1p(s[0])", _sub("import math\n", "from math import *\n"))
+    assert changed_components(star, star.replace("from math", "from cmath")) == list(COMPONENTS)
+
+
+def test_memory_class_body_code_changes_index_and_retrieve() -> None:
+    block = (
+        "    if TOP_K > 1:\n        def extra(self):\n            return 1\n\n    def _debug(self):"
+    )
+    with_block = _sub("    def _debug(self):", block)
+    assert _changed(with_block) == ["index", "retrieve"]
+    edited = with_block.replace("return 1\n", "return 2\n")
+    assert changed_components(with_block, edited) == ["index", "retrieve"]
+
+
+def test_memory_class_docstring_changes_nothing() -> None:
+    new = _sub("class Memory:\n", 'class Memory:\n    """Units in input order."""\n\n')
+    assert _changed(new) == []
+
+
+def test_comments_blank_lines_and_formatting_change_nothing() -> None:
+    new = BASE.replace("\n\n\n", "\n\n\n\n# a comment between definitions\n")
+    new = _sub("TOP_K = 3  # used by retrieve only", "TOP_K = (3)  # another comment", new)
+    new = _sub('"Extract facts."', "'Extract facts.'", new)
+    new = _sub(
+        "return len(set(norm(text).split()) & words)",
+        "return len(\n            set(norm(text).split())  # c\n            & words\n        )",
+        new,
+    )
+    new = _sub("def index(self, units, segment):", "def index(self, units,segment) :", new)
+    assert new != BASE
+    assert fingerprints(new) == fingerprints(BASE)
+
+
+def test_module_docstring_changes_nothing() -> None:
+    new = _sub('"""A compact program for fingerprint tests."""', '"""Another docstring."""')
+    assert _changed(new) == []
+
+
+def test_function_docstring_counts() -> None:
+    new = _sub("def rank(scores):\n", 'def rank(scores):\n    """Best first."""\n')
+    assert _changed(new) == ["retrieve"]
+
+
+def test_changed_components_keeps_component_order() -> None:
+    new = _sub('"Answer briefly."', '"Answer."', _sub('"Extract facts."', '"Extract."'))
+    new = _sub("TOP_K = 3", "TOP_K = 9", new)
+    assert _changed(new) == ["extract", "retrieve", "answer"]
+
+
+def test_syntax_error_raises() -> None:
+    with pytest.raises(SyntaxError):
+        fingerprints("def broken(:\n")
+
+
+# --- StageKeys ----------------------------------------------------------------------------
+
+
+def _keys(source: str = BASE, model: str = "offline", embed: str = "hashing-384") -> StageKeys:
+    return StageKeys(fingerprints(source), model, embed)
+
+
+def test_stage_keys_extract() -> None:
+    keys = _keys()
+    assert keys.extract("seg-a") == _keys().extract("seg-a")
+    assert keys.extract("seg-a") != keys.extract("seg-b")
+    assert keys.extract("seg-a") != _keys(model="gpt-x").extract("seg-a")
+    new = _sub('"Extract facts."', '"Extract."')
+    assert keys.extract("seg-a") != _keys(new).extract("seg-a")
+    # a retrieval-only change keeps extraction keys
+    assert keys.extract("seg-a") == _keys(_sub("TOP_K = 3", "TOP_K = 4")).extract("seg-a")
+
+
+def test_index_key_changes_with_any_extract_key() -> None:
+    keys = _keys()
+    base = keys.index(["e1", "e2", "e3"])
+    assert keys.index(["e1", "e2", "e3"]) == base
+    assert keys.index(["e1", "eX", "e3"]) != base
+    assert keys.index(["e1", "e2"]) != base
+    assert keys.index(["e2", "e1", "e3"]) != base  # order matters
+    assert _keys(embed="minilm").index(["e1", "e2", "e3"]) != base
+    assert _keys(_sub('SEP = "\\n\\n"', 'SEP = ""')).index(["e1", "e2", "e3"]) != base
+
+
+def test_retrieve_key_depends_on_index_and_plan_keys() -> None:
+    keys = _keys()
+    base = keys.retrieve("i1", "p1")
+    assert keys.retrieve("i1", "p1") == base
+    assert keys.retrieve("i2", "p1") != base
+    assert keys.retrieve("i1", "p2") != base
+    assert _keys(_sub("TOP_K = 3", "TOP_K = 4")).retrieve("i1", "p1") != base
+    # an answer-only change keeps retrieval keys
+    assert _keys(_sub('"Answer briefly."', '"Answer."')).retrieve("i1", "p1") == base
+
+
+def test_plan_and_answer_keys() -> None:
+    keys = _keys()
+    plan = keys.plan("Where?", "2024-01-01")
+    assert keys.plan("Where?", None) != plan
+    assert keys.plan("When?", "2024-01-01") != plan
+    assert _keys(model="m2").plan("Where?", "2024-01-01") != plan
+    answer = keys.answer("r1", "Where?")
+    assert keys.answer("r2", "Where?") != answer
+    assert keys.answer("r1", "When?") != answer
+    assert _keys(_sub('"Answer briefly."', '"Answer."')).answer("r1", "Where?") != answer
+
+
+def test_keys_of_different_stages_differ() -> None:
+    keys = _keys()
+    assert len({keys.extract("x"), keys.index(["x"]), keys.plan("x", None)}) == 3
+
+
+# --- StageStore ---------------------------------------------------------------------------
+
+
+def test_store_json_round_trip(tmp_path: Path) -> None:
+    store = StageStore(tmp_path)
+    value = {"units": [{"content": "a", "date": None}], "n": 2, "ok": True}
+    assert store.get_json("extract", "ab" * 32) is None
+    assert not store.has("extract", "ab" * 32)
+    store.put_json("extract", "ab" * 32, value)
+    assert store.has("extract", "ab" * 32)
+    assert store.get_json("extract", "ab" * 32) == value
+    assert not store.has("index", "ab" * 32)  # stages are separate
+
+
+def test_store_bytes_round_trip(tmp_path: Path) -> None:
+    store = StageStore(tmp_path)
+    data = bytes(range(256)) * 10
+    assert store.get_bytes("index", "cd" * 32) is None
+    store.put_bytes("index", "cd" * 32, data)
+    assert store.get_bytes("index", "cd" * 32) == data
+    assert store.has("index", "cd" * 32)
+    assert store.get_json("index", "cd" * 32) is None  # bytes are not json
+
+
+def test_store_overwrite(tmp_path: Path) -> None:
+    store = StageStore(tmp_path)
+    store.put_json("plan", "k1", [1])
+    store.put_json("plan", "k1", [2])
+    assert store.get_json("plan", "k1") == [2]
+
+
+def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:
+    store = StageStore(tmp_path)
+    for i in range(5):
+        store.put_json("retrieve", f"{i:02d}key", {"i": i})
+        store.put_bytes("index", f"{i:02d}key", b"x" * i)
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert len(files) == 10
+    assert "retrieve/00/00key.json" in files and "index/04/04key.bin" in files
+    assert not [f for f in files if ".tmp" in f]
+
+
+def test_store_failed_write_leaves_nothing(tmp_path: Path) -> None:
+    store = StageStore(tmp_path)
+    with pytest.raises(TypeError):
+        store.put_json("answer", "k2", {"bad": object()})
+    assert not store.has("answer", "k2")
+    with pytest.raises(TypeError):
+        store.put_bytes("answer", "k3", "not bytes")  # type: ignore[arg-type]
+    assert not store.has("answer", "k3")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_store_corrupt_json_is_a_miss(tmp_path: Path) -> None:
+    store = StageStore(tmp_path)
+    store.put_json("plan", "k4", {"ok": 1})
+    path = tmp_path / "plan" / "k4" / "k4.json"
+    path.write_text("{not json")
+    assert store.get_json("plan", "k4") is None
+
+
+# --- dump_state / load_state --------------------------------------------------------------
+
+STATE_PROGRAM = textwrap.dedent(
+    """\
+    from dataclasses import dataclass
+
+    import numpy as np
+
+    EXTRACTION_INSTRUCTION = "Extract."
+    PLANNING_INSTRUCTION = "Plan."
+    ANSWER_INSTRUCTION = "Answer."
+
+
+    @dataclass
+    class MemoryUnit:
+        content: str
+        tags: list[str] | None = None
+
+
+    @dataclass
+    class Query:
+        text: str
+
+
+    class Node:
+        def __init__(self, unit):
+            self.unit = unit
+
+
+    def score(a, b):
+        return float(a @ b)
+
+
+    class Memory:
+        def __init__(self, backend):
+            self.backend = backend
+            self.units = []
+            self.nodes = {}
+            self.matrix = np.zeros((0, backend.dim), dtype=np.float32)
+            self.scorer = score
+
+        def index(self, units, segment):
+            self.units.extend(units)
+            for unit in units:
+                self.nodes[unit.content] = Node(unit)
+            self.matrix = np.vstack([self.matrix, self.backend.embed([u.content for u in units])])
+
+        def retrieve(self, query):
+            q = self.backend.embed([query.text])[0]
+            best = sorted(range(len(self.units)), key=lambda i: -self.scorer(self.matrix[i], q))
+            return "\\n".join(self.units[i].content for i in best)
+    """
+)
+
+
+class FakeBackend:
+    dim = 8
+    max_complete_calls = 0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rng = np.random.default_rng(len(texts))
+        rows = rng.normal(size=(len(texts), self.dim)).astype(np.float32)
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    def complete(self, prompt: str, max_tokens: int = 256) -> str:
+        raise RuntimeError("no LLM")
+
+
+def _built_memory() -> tuple[Any, Any, FakeBackend]:
+    program = load_program(STATE_PROGRAM, "<parent>")
+    backend = FakeBackend("parent")
+    memory = program.get("Memory")(backend)
+    unit_cls = program.memory_unit
+    memory.index([unit_cls("alpha", ["t"]), unit_cls("beta")], None)
+    memory.index([unit_cls("gamma")], None)
+    return program, memory, backend
+
+
+def test_state_round_trips_into_another_program_module() -> None:
+    parent, memory, backend = _built_memory()
+    data = dump_state(memory, parent.module.__name__, backend)
+    assert isinstance(data, bytes)
+
+    child = load_program(STATE_PROGRAM + "\n# a child revision\n", "<child>")
+    assert child.module.__name__ != parent.module.__name__
+    new_backend = FakeBackend("child")
+    restored = load_state(child.get("Memory"), data, vars(child.module), new_backend)
+
+    assert type(restored) is child.get("Memory")
+    assert restored.backend is new_backend
+    assert [u.content for u in restored.units] == ["alpha", "beta", "gamma"]
+    assert restored.units[0].tags == ["t"]
+    for unit in restored.units:
+        assert type(unit) is child.memory_unit
+        assert not isinstance(unit, parent.memory_unit)
+    node = restored.nodes["beta"]
+    assert type(node) is child.get("Node")
+    assert node.unit is restored.units[1]  # shared references survive
+    assert restored.scorer is child.get("score")
+    np.testing.assert_array_equal(restored.matrix, memory.matrix)
+    assert restored.matrix is not memory.matrix
+    assert restored.matrix.dtype == np.float32
+    # the restored memory works with the new program and backend
+    assert restored.retrieve(child.query("alpha")).count("\n") == 2
+
+
+def test_each_load_is_a_fresh_copy() -> None:
+    parent, memory, backend = _built_memory()
+    data = dump_state(memory, parent.module.__name__, backend)
+    ns = vars(parent.module)
+    first = load_state(parent.get("Memory"), data, ns, backend)
+    second = load_state(parent.get("Memory"), data, ns, backend)
+    assert first is not second
+    assert first.units is not second.units and first.units[0] is not second.units[0]
+    first.units.append(parent.memory_unit("delta"))
+    first.matrix[0, 0] = 42.0
+    assert len(second.units) == 3 and len(memory.units) == 3
+    assert second.matrix[0, 0] != 42.0 and memory.matrix[0, 0] != 42.0
+
+
+def test_load_state_does_not_call_init() -> None:
+    parent, memory, backend = _built_memory()
+    data = dump_state(memory, parent.module.__name__, backend)
+    calls: list[str] = []
+
+    class Recording(parent.get("Memory")):  # type: ignore[misc]
+        def __init__(self, backend: Any) -> None:
+            calls.append("init")
+
+    restored = load_state(Recording, data, vars(parent.module), backend)
+    assert calls == [] and len(restored.units) == 3
+
+
+class _SystemCall:
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, ("echo pwned",))
+
+
+def _crafted_state(payload: Any) -> bytes:
+    return pickle.dumps({"units": [], "evil": payload}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def test_unsafe_global_refused() -> None:
+    parent, _, backend = _built_memory()
+    data = _crafted_state(_SystemCall())
+    assert b"system" in data
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        load_state(parent.get("Memory"), data, vars(parent.module), backend)
+
+
+def test_raw_pickle_global_refused() -> None:
+    parent, _, backend = _built_memory()
+    # protocol 0: GLOBAL builtins.eval, then call it with a string
+    data = b"cbuiltins\neval\n(S'1+1'\ntR."
+    with pytest.raises(pickle.UnpicklingError, match="builtins.eval"):
+        load_state(parent.get("Memory"), data, vars(parent.module), backend)
+
+
+def test_memory_with_unsafe_reduce_dumps_but_does_not_load() -> None:
+    parent, memory, backend = _built_memory()
+    memory.evil = _SystemCall()
+    data = dump_state(memory, parent.module.__name__, backend)
+    with pytest.raises(pickle.UnpicklingError):
+        load_state(parent.get("Memory"), data, vars(parent.module), backend)
+
+
+def test_unknown_persistent_id_refused() -> None:
+    parent, _, backend = _built_memory()
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            return ("something", "else") if obj == "marker" else None
+
+    buf = io.BytesIO()
+    Pickler(buf).dump({"x": "marker"})
+    with pytest.raises(pickle.UnpicklingError, match="unknown persistent id"):
+        load_state(parent.get("Memory"), buf.getvalue(), vars(parent.module), backend)
+
+
+def test_safe_builtins_and_numpy_allowed() -> None:
+    parent, _, backend = _built_memory()
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.__dict__.update(
+        {"s": {1, 2}, "f": frozenset({"a"}), "b": bytearray(b"xy"), "c": complex(1, 2),
+         "r": range(3), "arr": np.arange(5, dtype=np.int64), "scalar": np.float32(1.5)}
+    )  # fmt: skip
+    data = dump_state(holder, parent.module.__name__, backend)
+    restored = load_state(Holder, data, vars(parent.module), backend)
+    assert restored.s == {1, 2} and restored.f == frozenset({"a"})
+    assert restored.b == bytearray(b"xy") and restored.c == complex(1, 2)
+    assert restored.r == range(3) and restored.scalar == np.float32(1.5)
+    np.testing.assert_array_equal(restored.arr, np.arange(5))
+
+
+def test_unpicklable_state_raises_on_dump() -> None:
+    parent, memory, backend = _built_memory()
+    memory.handle = open(os.devnull)
+    try:
+        with pytest.raises(TypeError):
+            dump_state(memory, parent.module.__name__, backend)
+    finally:
+        memory.handle.close()
