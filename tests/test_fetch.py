@@ -14,7 +14,6 @@ import pytest
 from evolve.datasets import beam, fetch
 from evolve.datasets.types import DataError
 
-
 TOPIC = {"id": 7, "category": "Coding", "title": "A tiny app", "theme": "t", "subtopics": ["a"]}
 
 
