@@ -179,12 +179,32 @@ class StageKeys:
 
 # --- the store ---------------------------------------------------------------------------
 
-PROGRAM_MODULE = "__memory_program__"
 _SAFE_BUILTINS = {
     "set", "frozenset", "dict", "list", "tuple", "complex", "bytearray", "bytes", "slice",
     "range", "object", "int", "float", "str", "bool",
 }  # fmt: skip
-_SAFE_MODULE_PREFIXES = ("numpy", "collections", "datetime", "copyreg", "_codecs", "scipy.sparse")
+_SAFE_STDLIB = ("collections", "datetime", "copyreg", "_codecs")  # any name in these
+# Libraries whose modules also hold code runners (numpy.testing's ``runstring`` execs a string):
+# from these only classes, ufuncs and the reconstructors their pickles use are allowed.
+_SAFE_LIBRARIES = ("numpy", "scipy.sparse", "bm25s")
+_SAFE_RECONSTRUCTORS = {
+    "_reconstruct", "scalar", "_frombuffer", "_mareconstruct",
+    "__generator_ctor", "__bit_generator_ctor", "__randomstate_ctor",
+}  # fmt: skip
+
+
+def _in_packages(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _safe_library_global(obj: Any, name: str) -> bool:
+    import numpy as np
+
+    if isinstance(obj, type):
+        return not issubclass(obj, np.memmap)  # memmap would open (or create) a file
+    if isinstance(obj, np.ufunc):
+        return True
+    return callable(obj) and (name in _SAFE_RECONSTRUCTORS or name.startswith("__pyx_unpickle_"))
 
 
 class _StatePickler(pickle.Pickler):
@@ -222,8 +242,12 @@ class _StateUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)
-        if module.startswith(_SAFE_MODULE_PREFIXES) or module.split(".")[0] == "bm25s":
+        if _in_packages(module, _SAFE_STDLIB):
             return super().find_class(module, name)
+        if _in_packages(module, _SAFE_LIBRARIES) and "__main__" not in module.split("."):
+            obj = super().find_class(module, name)
+            if _safe_library_global(obj, name):
+                return obj
         raise pickle.UnpicklingError(
             f"memory state refers to {module}.{name}, which is not allowed"
         )

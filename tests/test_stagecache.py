@@ -609,3 +609,107 @@ def test_unpicklable_state_raises_on_dump() -> None:
             dump_state(memory, parent.module.__name__, backend)
     finally:
         memory.handle.close()
+
+
+def _refused(data: bytes) -> pickle.UnpicklingError:
+    parent, _, backend = _built_memory()
+    with pytest.raises(pickle.UnpicklingError) as info:
+        load_state(parent.get("Memory"), data, vars(parent.module), backend)
+    return info.value
+
+
+def test_code_runner_inside_an_allowed_library_refused() -> None:
+    # numpy.testing's runstring execs its argument: the numpy prefix alone must not allow it
+    call = b"cnumpy.testing._private.utils\nrunstring\n(S'raise SystemExit(3)'\n(dtR"
+    error = _refused(b"(dS'x'\n" + call + b"s.")
+    assert "numpy.testing._private.utils.runstring" in str(error)
+
+
+def test_library_function_and_memmap_refused() -> None:
+    assert "numpy.load" in str(_refused(b"cnumpy\nload\n."))
+    assert "numpy.memmap" in str(_refused(b"cnumpy\nmemmap\n."))
+    assert "numpyx.thing" in str(_refused(b"cnumpyx\nthing\n."))  # a package, not a prefix
+
+
+def test_library_objects_round_trip() -> None:
+    import collections
+    import datetime
+
+    import scipy.sparse as sp
+
+    parent, _, backend = _built_memory()
+    values: dict[str, Any] = {
+        "strided": np.arange(12).reshape(3, 4)[:, ::2],
+        "fortran": np.asfortranarray(np.ones((2, 3))),
+        "objects": np.array([{"a": 1}, None], dtype=object),
+        "structured": np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
+        "scalars": [np.float32(1.5), np.int64(3), np.bool_(True), np.datetime64("2024-01-01")],
+        "masked": np.ma.masked_array([1, 2], [0, 1]),
+        "rng": np.random.default_rng(0),
+        "legacy_rng": np.random.RandomState(0),
+        "sparse": sp.csr_matrix(np.eye(3)),
+        "ufunc": np.add,
+        "ordered": collections.OrderedDict(a=1),
+        "counts": collections.Counter("abca"),
+        "default": collections.defaultdict(list, {"k": [1]}),
+        "queue": collections.deque([1, 2]),
+        "when": datetime.datetime(2024, 1, 2, 3, 4),
+    }
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.__dict__.update(values)
+    for protocol in (4, pickle.HIGHEST_PROTOCOL):
+        data = pickle.dumps(vars(holder), protocol=protocol)
+        restored = load_state(Holder, data, vars(parent.module), backend)
+        for name in ("strided", "fortran", "structured", "masked"):
+            np.testing.assert_array_equal(restored.__dict__[name], values[name])
+        assert list(restored.objects) == [{"a": 1}, None]
+        assert restored.scalars == values["scalars"]
+        assert restored.rng.random() == np.random.default_rng(0).random()
+        assert restored.legacy_rng.rand() == np.random.RandomState(0).rand()
+        assert (restored.sparse != values["sparse"]).nnz == 0
+        assert restored.ufunc is np.add
+        assert restored.ordered == values["ordered"] and restored.counts == values["counts"]
+        assert restored.default["new"] == [] and restored.queue == values["queue"]
+        assert restored.when == values["when"]
+
+
+def test_hybrid_seed_state_round_trip() -> None:
+    from evolve.datasets.types import Message, Segment
+    from evolve.models.testing import HashingEmbedder
+
+    class Backend:
+        dim = 64
+        max_complete_calls = 0
+
+        def __init__(self) -> None:
+            self.embedder = HashingEmbedder(dim=64)
+
+        def embed(self, texts: list[str]) -> np.ndarray:
+            return self.embedder.embed(list(texts))
+
+        def complete(self, prompt: str, max_tokens: int = 256) -> str:
+            raise RuntimeError("no LLM")
+
+    source = (Path(__file__).resolve().parents[1] / "seeds" / "hybrid.py").read_text()
+    parent = load_program(source, "hybrid.py")
+    backend = Backend()
+    memory = parent.get("Memory")(backend)
+    unit = parent.memory_unit
+    segment = Segment("s1", "2024-01-01", (Message("m1", "user", "hi"),))
+    facts = ["I adopted a cat named Miso", "My sister lives in Lisbon", "I run every Sunday"]
+    memory.index([unit(f, "2024-01-01", "user", [f"m{i}"]) for i, f in enumerate(facts)], segment)
+    query = parent.query("Where does my sister live?")
+    expected = memory.retrieve(query)  # builds the lexical index, so the state holds BM25
+    assert "Lisbon" in expected
+    data = dump_state(memory, parent.module.__name__, backend)
+
+    child = load_program(source + "\n# child\n", "hybrid-child.py")
+    new_backend = Backend()
+    restored = load_state(child.get("Memory"), data, vars(child.module), new_backend)
+    assert restored.backend is new_backend
+    assert all(type(u) is child.memory_unit for u in restored.units)
+    assert restored.retrieve(child.query("Where does my sister live?")) == expected
