@@ -16,10 +16,12 @@ Invariants:
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,21 +156,37 @@ def _run_jobs(
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
-    futures: dict[Future[ConversationResult], str] = {}
-    for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
-        fut = executor.submit(run_conversation, source, path, conv, by_conv[conv.id], config)
-        futures[fut] = conv.id
-    results: dict[str, ConversationResult] = {}
-    for fut in as_completed(futures):
-        conv_id = futures[fut]
-        try:
-            results[conv_id] = fut.result()
-        except Exception as exc:  # the worker died (crash, memory): fail this conversation only
-            results[conv_id] = _failed(
-                conv_id, by_conv[conv_id], f"worker: {type(exc).__name__}: {exc}"
+    with multiprocessing.Manager() as manager:
+        ticks = manager.Queue()  # workers put one conversation id per finished question
+        futures: dict[Future[ConversationResult], str] = {}
+        for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
+            qs = by_conv[conv.id]
+            futures[executor.submit(run_conversation, source, path, conv, qs, config, ticks)] = (
+                conv.id
             )
-        if on_progress:
-            on_progress(len(by_conv[conv_id]))
+        results: dict[str, ConversationResult] = {}
+        reported: Counter[str] = Counter()
+
+        def drain() -> None:
+            while not ticks.empty():
+                conv_id = ticks.get()
+                reported[conv_id] += 1
+                if on_progress:
+                    on_progress(1)
+
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            drain()
+            for fut in done:
+                conv_id = futures[fut]
+                try:
+                    results[conv_id] = fut.result()
+                except Exception as exc:  # the worker died (crash, memory): fail this one only
+                    error = f"worker: {type(exc).__name__}: {exc}"
+                    results[conv_id] = _failed(conv_id, by_conv[conv_id], error)
+                if on_progress:  # questions a crashed worker never reported
+                    on_progress(max(0, len(by_conv[conv_id]) - reported[conv_id]))
     return results
 
 

@@ -379,9 +379,17 @@ def load_check(source: str, path: str) -> str | None:
 
 
 def run_conversation(
-    source: str, path: str, conv: Conversation, questions: list[Question], config: WorkerConfig
+    source: str,
+    path: str,
+    conv: Conversation,
+    questions: list[Question],
+    config: WorkerConfig,
+    ticks: Any = None,
 ) -> ConversationResult:
-    """Execute one program over one conversation's questions (in a worker process)."""
+    """Execute one program over one conversation's questions (in a worker process).
+
+    ``ticks``, when given, is a queue that receives the conversation id after each question.
+    """
     counters: dict[str, dict[str, int]] = {}
     try:
         program = load_program(source, path)
@@ -393,7 +401,11 @@ def run_conversation(
         ]
         return ConversationResult(conv.id, traces, counters, [])
     run.embedder.stats.reset()
-    traces = [run.question(q) for q in questions]
+    traces = []
+    for q in questions:
+        traces.append(run.question(q))
+        if ticks is not None:
+            ticks.put(conv.id)
     run.count_untouched()
     usage = [_usage_dict(r) for r in run.llm.drain_records()] if run.llm else []
     embedding = asdict(run.embedder.stats)
