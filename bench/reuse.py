@@ -29,7 +29,7 @@ from evolve.datasets.beam import load_conversation, load_taskset
 from evolve.executor import evaluate
 from evolve.models.embed import Embedder
 from evolve.program import build_record, load_program
-from evolve.worker import MemoryBackend, WorkerConfig
+from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,11 +66,24 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
     shutil.rmtree(cache, ignore_errors=True)
 
 
+class LocalBackend:
+    """The dense seed's backend for the in-process latency run (a trusted seed, so no host)."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.dim, self.max_complete_calls, self._embedder = embedder.dim, 0, embedder
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self._embedder.embed(list(texts))
+
+    def complete(self, prompt: str, max_tokens: int = 256) -> str:
+        raise RuntimeError("no LLM in this benchmark")
+
+
 def latency(data_dir: Path, conv: str, repeats: int, cache_dir: Path) -> None:
     conversation, questions = load_conversation(data_dir, "1M", conv)
     program = load_program((ROOT / "seeds" / "dense.py").read_text(), "seeds/dense.py")
     embedder = Embedder(cache_path=cache_dir / "embeddings.sqlite")
-    backend = MemoryBackend(embedder, None, "bench", 0)
+    backend = LocalBackend(embedder)
     memory = program.module.Memory(backend)
     ns = vars(program.module)
     start = time.perf_counter()

@@ -35,10 +35,10 @@ from evolve.stagecache import COMPONENTS, fingerprints
 from evolve.worker import (
     ConversationResult,
     WorkerConfig,
-    load_check,
     make_embedder,
     run_conversation,
 )
+from sandbox.check import check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
 
@@ -82,10 +82,10 @@ def evaluate(
     except SyntaxError as exc:
         raise EvalError(f"{program_path}, line {exc.lineno}: syntax error: {exc.msg}") from None
     started = time.perf_counter()
+    sandbox = check_program(source, str(program_path))
+    if not sandbox.passed:
+        raise EvalError(f"{program_path}: {sandbox.repair_text()}")
     pool = _pool(jobs)
-    problem = pool.submit(load_check, source, str(program_path)).result()
-    if problem:
-        raise EvalError(f"{program_path}: {problem}")
     results = _run_jobs(pool, source, str(program_path), tasks, config, on_progress)
 
     embedder = make_embedder(config.embedder, config.cache_dir)

@@ -40,6 +40,7 @@ Invariants enforced by the executor, not by the program:
 from __future__ import annotations
 
 import hashlib
+import linecache
 import math
 import sys
 import types
@@ -123,15 +124,21 @@ def source_digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def load_program(source: str, path: str = "<program>") -> Program:
-    """Execute ``source`` as a fresh module and check the names the contract requires.
+def load_program(
+    source: str, path: str = "<program>", builtins: dict[str, Any] | None = None
+) -> Program:
+    """Execute ``source`` as a fresh module and check what the contract requires.
 
-    This runs the module's top level: call it only inside a worker or sandbox process.
+    This runs the module's top level: call it only inside a sandbox host
+    (:mod:`sandbox.host`), which passes its restricted ``builtins``.
     """
     name = f"prismem_program_{source_digest(source)[:16]}"
     module = types.ModuleType(name)
     module.__file__ = path
+    if builtins is not None:
+        module.__dict__["__builtins__"] = builtins
     sys.modules[name] = module  # dataclasses resolve string annotations through sys.modules
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)  # error lines
     try:
         code = compile(source, path, "exec")
         exec(code, module.__dict__)
@@ -148,8 +155,12 @@ def load_program(source: str, path: str = "<program>") -> Program:
 
 def check_definitions(program: Program) -> None:
     """The names, shapes and signatures the contract requires (raises ContractError)."""
-    import inspect
+    check_names(program)
+    check_shapes(program)
 
+
+def check_names(program: Program) -> None:
+    """The required names exist with the right kinds (instructions, dataclasses, a class)."""
     for name in INSTRUCTIONS:
         value = program.get(name)
         if not isinstance(value, str) or not value.strip():
@@ -158,10 +169,17 @@ def check_definitions(program: Program) -> None:
         cls = program.get(name)
         if not (isinstance(cls, type) and is_dataclass(cls)):
             raise ContractError(f"{name} must be a @dataclass")
-        field_specs(cls, vars(program.module))
-    memory = program.get("Memory")
-    if not isinstance(memory, type):
+    if not isinstance(program.get("Memory"), type):
         raise ContractError("Memory must be a class")
+
+
+def check_shapes(program: Program) -> None:
+    """Dataclass field types and the signatures of Memory's methods and of any hooks."""
+    import inspect
+
+    for name in DATACLASSES:
+        field_specs(program.get(name), vars(program.module))
+    memory = program.get("Memory")
     for method, params in MEMORY_METHODS.items():
         fn = getattr(memory, method, None)
         _check_signature(f"Memory.{method}", fn, ["self", *params], inspect)
@@ -222,8 +240,10 @@ def _classify(tp: Any) -> tuple[str | None, bool]:
 
 
 def json_schema(cls: type, globalns: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON schema of one record of ``cls`` (no extra properties allowed)."""
+    """The JSON schema of one record of ``cls``: no extra properties; fields without a default
+    are required. :func:`conform` checks data against exactly this schema."""
     props: dict[str, Any] = {}
+    required = []
     for spec in field_specs(cls, globalns):
         base: dict[str, Any] = (
             {"type": "array", "items": {"type": "string"}}
@@ -231,23 +251,36 @@ def json_schema(cls: type, globalns: dict[str, Any] | None = None) -> dict[str, 
             else {"type": spec.kind}
         )
         props[spec.name] = {"anyOf": [base, {"type": "null"}]} if spec.optional else base
+        if spec.required:
+            required.append(spec.name)
     return {
+        "title": cls.__name__,
         "type": "object",
         "properties": props,
-        "required": list(props),
+        "required": required,
         "additionalProperties": False,
     }
 
 
-def validate_record(cls: type, data: Any, globalns: dict[str, Any] | None = None) -> Any:
-    """Build a ``cls`` instance from one decoded JSON object, or raise RecordError.
+def _spec_from_schema(name: str, prop: dict[str, Any], required: bool) -> FieldSpec:
+    options = prop.get("anyOf", [prop])
+    base = next(o for o in options if o.get("type") != "null")
+    kind = "string_list" if base.get("type") == "array" else str(base.get("type"))
+    return FieldSpec(name, kind, len(options) > 1, required)
 
-    Fields with defaults may be omitted; unknown fields, wrong types (a bool is not an int),
-    non-finite numbers and non-string list items are errors. Integers are accepted for floats.
+
+def conform(schema: dict[str, Any], data: Any) -> dict[str, Any]:
+    """Check one decoded JSON object against a :func:`json_schema` record schema.
+
+    Returns the field values (integers given for numbers become floats); raises RecordError
+    naming every problem: unknown or missing fields, wrong types (a bool is not an int),
+    non-finite numbers, non-string list items. Fields with defaults may be omitted.
     """
+    title = schema.get("title", "record")
     if not isinstance(data, dict):
-        raise RecordError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-    specs = {s.name: s for s in field_specs(cls, globalns)}
+        raise RecordError(f"{title}: expected a JSON object, got {type(data).__name__}")
+    required = set(schema.get("required", []))
+    specs = {n: _spec_from_schema(n, p, n in required) for n, p in schema["properties"].items()}
     problems = [f"unknown field {k!r}" for k in data if k not in specs]
     problems += [f"missing field {n!r}" for n, s in specs.items() if s.required and n not in data]
     values: dict[str, Any] = {}
@@ -261,8 +294,13 @@ def validate_record(cls: type, data: Any, globalns: dict[str, Any] | None = None
         else:
             values[name] = float(value) if spec.kind == "number" and value is not None else value
     if problems:
-        raise RecordError(f"{cls.__name__}: " + "; ".join(problems))
-    return cls(**values)
+        raise RecordError(f"{title}: " + "; ".join(problems))
+    return values
+
+
+def validate_record(cls: type, data: Any, globalns: dict[str, Any] | None = None) -> Any:
+    """Build a ``cls`` instance from one decoded JSON object, or raise RecordError."""
+    return cls(**conform(json_schema(cls, globalns), data))
 
 
 def _type_error(spec: FieldSpec, value: Any) -> str | None:
@@ -300,7 +338,7 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "role": ("role", "speaker"),
     "session_id": ("session_id", "session"),
     "message_id": ("message_id", "source_id"),
-    "message_ids": ("message_ids", "source_ids", "source_message_ids", "evidence_ids"),
+    "message_ids": ("message_ids", "source_ids", "source_message_ids"),
 }
 
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 COMPONENTS = ("extract", "index", "plan", "retrieve", "answer")
 
 # Roots of each component: top-level names, and (for Memory) method names.
@@ -197,11 +199,12 @@ def _in_packages(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def _safe_library_global(obj: Any, name: str) -> bool:
-    import numpy as np
+_MEMMAP = np.memmap  # bound at import: the sandbox host later disarms numpy's file functions
 
+
+def _safe_library_global(obj: Any, name: str) -> bool:
     if isinstance(obj, type):
-        return not issubclass(obj, np.memmap)  # memmap would open (or create) a file
+        return not issubclass(obj, _MEMMAP)  # memmap would open (or create) a file
     if isinstance(obj, np.ufunc):
         return True
     return callable(obj) and (name in _SAFE_RECONSTRUCTORS or name.startswith("__pyx_unpickle_"))

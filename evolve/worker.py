@@ -1,16 +1,21 @@
 """The worker side of execution: one conversation through the five stages, with stage reuse.
 
-Everything here runs inside a worker process, never in the optimizer's own process, because it
-executes a candidate program's code (its module top level, hooks and ``Memory`` methods).
-:func:`run_conversation` receives the program source and one conversation with its questions,
-and for each stage either loads the cached output (keys from :mod:`evolve.stagecache`) or
-computes it and stores it. Outputs are computed lazily: when every retrieval result of a
-conversation is cached, its memory is never rebuilt, and when the memory state is cached, its
-units are never extracted.
+:func:`run_conversation` runs in a worker process of the executor's pool. It is trusted code:
+it holds the embedder, the task LLM and the stage store. The candidate program's own code (its
+module top level, hooks and ``Memory`` methods) runs only in a confined
+:class:`~sandbox.isolate.Host` started for the conversation; the worker sends it data, answers
+its backend requests (:class:`BackendService`) and stores what it returns. For each stage the
+worker either loads the cached output (keys from :mod:`evolve.stagecache`) or computes it and
+stores it. Outputs are computed lazily: when every retrieval result of a conversation is cached,
+no host is even started, and when the memory state is cached, its units are never extracted.
 
 Invariants:
-- Only successful outputs are stored; a program error, an LLM failure or an unpicklable memory
-  leaves the store untouched and is recorded in the trace (``error``) and counters (``failed``).
+- Only successful outputs are stored; a program error, an LLM failure, a dead or hung host or
+  an unpicklable memory leaves the store untouched and is recorded in the trace (``error``)
+  and counters (``failed``). After the host dies, the conversation's remaining questions fail
+  with the same reason.
+- LLM outputs are validated here against the schemas the host rendered from the program
+  (:func:`evolve.program.conform`), then again in the host when they become records.
 - Offline mode (no task model) uses the stand-ins of :mod:`evolve.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~evolve.program.OUT_CHAR_BUDGET`; the trace says when.
@@ -19,42 +24,30 @@ Invariants:
 
 from __future__ import annotations
 
+import ast
 import json
 import time
-import traceback
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.models.embed import Embedder, HashingEmbedder
-from evolve.models.llm import LLMClient, ModelConfig, Models, UsageRecord
+from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
-from evolve.program import (
-    OUT_CHAR_BUDGET,
-    BackendError,
-    ContractError,
-    Program,
-    build_record,
-    json_schema,
-    load_program,
-    validate_record,
-)
-from evolve.stagecache import (
-    COMPONENTS,
-    StageKeys,
-    StageStore,
-    dump_state,
-    fingerprints,
-    load_state,
-)
+from evolve.program import OUT_CHAR_BUDGET, BackendError, ContractError, conform
+from evolve.stagecache import COMPONENTS, StageKeys, StageStore, fingerprints
+from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from sandbox.wire import pack_array
 
 T = TypeVar("T")
 EXTRACT_WINDOW_CHARS = 24_000  # one extraction call sees at most this much of a session
+EVAL_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
+STEP_SECONDS = 120.0  # wall clock for one hook or retrieve call (backend requests included)
+INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
+INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit
+MAX_EMBED_TEXTS = 200_000
 
 
 @dataclass(frozen=True)
@@ -116,51 +109,62 @@ def make_llm(config: WorkerConfig) -> LLMClient | None:
     return LLMClient(models, log_path=log, cache_path=cache)
 
 
-class MemoryBackend:
-    """The backend handed to ``Memory``: embeddings and a budgeted, counted task-LLM call."""
+class BackendService:
+    """The optimizer's side of the program backend: answers the host's ``backend`` frames.
+
+    ``embed`` goes to the embedder (and its cache); ``complete`` to the task LLM, counted under
+    role ``task`` and stage ``<label>/memory``, at most ``max_calls`` per host request (the host
+    enforces the same budget; this side does not trust it to).
+    """
 
     def __init__(self, embedder: Embedder, llm: LLMClient | None, stage: str, max_calls: int):
-        self.dim = embedder.dim
-        self.max_complete_calls = max_calls
-        self._embedder = embedder
-        self._llm = llm
-        self._stage = stage
-        self._calls = 0
+        self.embedder = embedder
+        self.llm = llm
+        self.stage = stage
+        self.max_calls = max_calls
+        self.calls = 0
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        items = list(texts)
-        if not all(isinstance(t, str) for t in items):
-            raise TypeError("backend.embed takes a list of strings")
-        return np.array(self._embedder.embed(items), dtype=np.float32)
-
-    def complete(self, prompt: str, max_tokens: int = 256) -> str:
-        if self._llm is None:
-            raise BackendError("backend.complete: no task LLM is configured (offline mode)")
-        if self._calls >= self.max_complete_calls:
-            raise BackendError(f"backend.complete: budget of {self.max_complete_calls} calls spent")
-        self._calls += 1
-        reply = self._llm.complete(
-            "task", f"{self._stage}/memory", str(prompt), max_tokens=max_tokens
-        )
-        return reply.text
-
-    def reset_budget(self) -> None:
-        self._calls = 0
+    def __call__(
+        self, header: dict[str, Any], _blobs: list[bytes]
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        method = header.get("method")
+        if method == "embed":
+            texts = header.get("texts")
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise TypeError("backend.embed takes a list of strings")
+            if len(texts) > MAX_EMBED_TEXTS:
+                raise ValueError(f"backend.embed: at most {MAX_EMBED_TEXTS} texts per call")
+            meta, blob = pack_array(self.embedder.embed(texts))
+            return {"array": meta}, [blob]
+        if method == "complete":
+            if self.llm is None:
+                raise BackendError("backend.complete: no task LLM is configured (offline mode)")
+            if self.calls >= self.max_calls:
+                raise BackendError(f"backend.complete: budget of {self.max_calls} calls spent")
+            self.calls += 1
+            reply = self.llm.complete(
+                "task",
+                f"{self.stage}/memory",
+                str(header.get("prompt")),
+                max_tokens=min(int(header.get("max_tokens", 256)), 4096),
+            )
+            return {"text": reply.text}, []
+        raise ValueError(f"unknown backend method {method!r}")
 
 
 class _Run:
-    """State of one conversation's execution inside the worker."""
+    """State of one conversation's execution: the parent side of one program host."""
 
-    def __init__(self, program: Program, config: WorkerConfig, conv: Conversation) -> None:
-        self.program = program
+    def __init__(self, source: str, path: str, config: WorkerConfig, conv: Conversation) -> None:
+        self.source = source
+        self.path = path
         self.config = config
         self.conv = conv
-        self.ns = vars(program.module)
         self.store = StageStore(Path(config.cache_dir) / "stages")
-        self.keys = StageKeys(fingerprints(program.source), config.model_sig, config.embedder)
+        self.keys = StageKeys(fingerprints(source), config.model_sig, config.embedder)
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)
-        self.backend = MemoryBackend(
+        self.service = BackendService(
             self.embedder, self.llm, config.stage_label, config.max_complete_calls
         )
         self.counters = {
@@ -169,8 +173,53 @@ class _Run:
         self.seconds = dict.fromkeys(COMPONENTS, 0.0)
         self.extract_keys = [self.keys.extract(s.digest()) for s in conv.sessions]
         self.index_key = self.keys.index(self.extract_keys)
-        self._memory: Any = None
+        self._host: Host | None = None
+        self._host_error: str | None = None
+        self._schemas: dict[str, Any] = {}
+        self._memory_ready = False
         self._nested = 0.0  # seconds spent in nested timed sections (see timed)
+
+    # -- the host ------------------------------------------------------------------------
+
+    def host(self) -> Host:
+        """The program's host, started and loaded on first use; one per conversation."""
+        if self._host_error:
+            raise HostFailure(self._host_error)
+        if self._host is None:
+            try:
+                self._host = Host(EVAL_LIMITS, serve=self.service)
+                self._host.call("load", {"source": self.source, "path": self.path})
+                self._schemas, _ = self._host.call("schema")
+            except (HostFailure, ProgramFailure) as exc:
+                self._host_error = f"program host: {exc}"
+                self.close()
+                raise HostFailure(self._host_error) from None
+        return self._host
+
+    def call(
+        self,
+        op: str,
+        payload: dict[str, Any],
+        blobs: list[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[Any, list[bytes]]:
+        host = self.host()
+        self.service.calls = 0
+        try:
+            return host.call(op, payload, blobs, timeout=timeout)
+        except HostFailure as exc:  # the host is gone: every later step fails the same way
+            self._host_error = f"program host: {exc}"
+            self.close()
+            raise
+
+    def schema(self, name: str) -> dict[str, Any]:
+        self.host()
+        return dict(self._schemas[name])
+
+    def close(self) -> None:
+        if self._host is not None:
+            self._host.close()
+            self._host = None
 
     def timed(self, stage: str, fn: Callable[[], T]) -> T:
         """Run ``fn``, adding its exclusive time to ``stage``: time spent in stages nested inside
@@ -188,99 +237,92 @@ class _Run:
 
     # -- extraction and indexing (per conversation) -------------------------------------
 
-    def units(self, i: int) -> list[Any]:
+    def units(self, i: int) -> list[dict[str, Any]]:
         segment, key = self.conv.sessions[i], self.extract_keys[i]
         cached = self.store.get_json("extract", key)
         if cached is not None:
             self.count("extract", "reused")
-            return [validate_record(self.program.memory_unit, u, self.ns) for u in cached]
+            return list(cached)
         try:
             units = self.timed("extract", lambda: self._extract(segment))
         except Exception:
             self.count("extract", "failed")
             raise
-        self.store.put_json("extract", key, [asdict(u) for u in units])
+        self.store.put_json("extract", key, units)
         self.count("extract", "computed")
         return units
 
-    def _extract(self, segment: Segment) -> list[Any]:
-        cls = self.program.memory_unit
-        if self.llm is None:
-            units = [
-                build_record(
-                    cls, f"{m.role}: {m.content}", self.ns, date=segment.date, role=m.role,
-                    session_id=segment.session_id, message_id=m.id, message_ids=[m.id],
-                )
-                for m in segment.messages
-            ]  # fmt: skip
-        else:
-            units = [u for window in _windows(segment) for u in self._extract_llm(window)]
-        hook = self.program.hook("postprocess_units")
-        if hook is not None:
-            units = hook(units, segment)
-        # Whatever the hook returns must still be valid records of the schema.
-        return [validate_record(cls, _as_dict(u, cls), self.ns) for u in units]
+    def _extract(self, segment: Segment) -> list[dict[str, Any]]:
+        records = None
+        if self.llm is not None:
+            records = [r for window in _windows(segment) for r in self._extract_llm(window)]
+        units, _ = self.call(
+            "units", {"segment": asdict(segment), "records": records}, timeout=STEP_SECONDS
+        )
+        return list(units)
 
-    def _extract_llm(self, window: Segment) -> list[Any]:
+    def _extract_llm(self, window: Segment) -> list[dict[str, Any]]:
         assert self.llm is not None
-        cls, schema = self.program.memory_unit, json_schema(self.program.memory_unit, self.ns)
-        wrapper = {"type": "object", "properties": {"units": {"type": "array", "items": schema}},
-                   "required": ["units"], "additionalProperties": False}  # fmt: skip
+        schema = self.schema("MemoryUnit")
+        wrapper = {
+            "type": "object",
+            "properties": {"units": {"type": "array", "items": schema}},
+            "required": ["units"],
+            "additionalProperties": False,
+        }
         prompt = (
-            f"{self.program.get('EXTRACTION_INSTRUCTION')}\n\n"
+            f"{_instruction(self.source, 'EXTRACTION_INSTRUCTION')}\n\n"
             f"Reply with one JSON object matching this schema:\n{json.dumps(wrapper)}\n\n"
             f"{window.render()}"
         )
 
-        def validate(data: Any) -> list[Any]:
+        def validate(data: Any) -> list[dict[str, Any]]:
             if not isinstance(data, dict) or not isinstance(data.get("units"), list):
                 raise ValueError('expected {"units": [...]}')
-            return [validate_record(cls, u, self.ns) for u in data["units"]]
+            return [conform(schema, u) for u in data["units"]]
 
         return self.llm.complete_json(
             "task", f"{self.config.stage_label}/extract", prompt, wrapper, validate
         )
 
-    def memory(self) -> Any:
-        """The built memory: restored from the store, or indexed now (and stored)."""
-        if self._memory is not None:
-            return self._memory
-        cls = self.program.get("Memory")
+    def ensure_memory(self) -> None:
+        """The host holds the built memory: restored from the store, or indexed now (and stored)."""
+        if self._memory_ready:
+            return
+        limits = {"dim": self.embedder.dim, "max_complete_calls": self.config.max_complete_calls}
         data = self.store.get_bytes("index", self.index_key)
         if data is not None:
             try:
-                self._memory = load_state(cls, data, self.ns, self.backend)
-            except Exception:  # stored by an incompatible program: rebuild instead
-                self._memory = None
+                self.call("restore", limits, [data], timeout=STEP_SECONDS)
+            except ProgramFailure:  # stored by an incompatible program: rebuild instead
+                pass
             else:
+                self._memory_ready = True
                 self.count("index", "reused")
-                return self._memory
+                return
         all_units = [self.units(i) for i in range(len(self.conv.sessions))]
+        payload = {
+            **limits,
+            "segments": [asdict(s) for s in self.conv.sessions],
+            "units": all_units,
+        }
+        timeout = INDEX_SECONDS + INDEX_SECONDS_PER_UNIT * sum(len(u) for u in all_units)
         try:
-            self._memory = self.timed("index", lambda: self._index(cls, all_units))
+            result, blobs = self.timed(
+                "index", lambda: self.call("index", payload, timeout=timeout)
+            )
         except Exception:
             self.count("index", "failed")
             raise
+        self._memory_ready = True
         self.count("index", "computed")
-        try:
-            state = dump_state(self._memory, self.program.module.__name__, self.backend)
-        except Exception:  # an unpicklable memory is simply not reused
-            return self._memory
-        self.store.put_bytes("index", self.index_key, state)
-        return self._memory
-
-    def _index(self, cls: type, all_units: list[list[Any]]) -> Any:
-        memory = cls(self.backend)
-        for segment, units in zip(self.conv.sessions, all_units, strict=True):
-            self.backend.reset_budget()
-            if memory.index(list(units), segment) is not None:
-                raise TypeError("Memory.index must return None")
-        return memory
+        if isinstance(result, dict) and result.get("stored") and blobs:
+            self.store.put_bytes("index", self.index_key, blobs[0])
 
     def count_untouched(self) -> None:
         """Extraction and indexing never ran because every retrieval was cached: count what the
         store holds for them as reused, so counters say what an evaluation depended on."""
-        if self._memory is not None or any(self.counters["index"].values()):
+        if self._memory_ready or any(self.counters["index"].values()):
             return
         if self.store.has("index", self.index_key):
             self.count("index", "reused")
@@ -299,9 +341,9 @@ class _Run:
         try:
             trace["query"] = self._cached_json("plan", plan_key, lambda: self._plan(q))
             stage = "retrieve"
-            trace.update(self._cached_json(
-                "retrieve", retrieve_key, lambda: self._retrieve(trace["query"])
-            ))  # fmt: skip
+            trace.update(
+                self._cached_json("retrieve", retrieve_key, lambda: self._retrieve(trace["query"]))
+            )
             stage = "answer"
             if self.llm is None:
                 self.count("answer", "skipped")
@@ -311,7 +353,7 @@ class _Run:
                     "answer", answer_key, lambda: self._answer(q, trace["retrieved"])
                 )
         except Exception as exc:
-            trace["error"] = f"{stage}: {_describe(exc, self.program.path)}"
+            trace["error"] = f"{stage}: {exc}".replace("\n", " ")[:1000]
         return trace
 
     def _cached_json(self, stage: str, key: str, compute: Callable[[], T]) -> T:
@@ -329,53 +371,41 @@ class _Run:
         return value
 
     def _plan(self, q: Question) -> dict[str, Any]:
-        cls = self.program.query
-        if self.llm is None:
-            query = build_record(cls, q.question, self.ns, date=q.question_date)
-        else:
-            schema = json_schema(cls, self.ns)
+        record = None
+        if self.llm is not None:
+            schema = self.schema("Query")
             when = f"\nThe question is asked on {q.question_date}." if q.question_date else ""
             prompt = (
-                f"{self.program.get('PLANNING_INSTRUCTION')}\n\n"
+                f"{_instruction(self.source, 'PLANNING_INSTRUCTION')}\n\n"
                 f"Reply with one JSON object matching this schema:\n{json.dumps(schema)}\n\n"
                 f"Question: {q.question}{when}"
             )
-            query = self.llm.complete_json(
-                "task", f"{self.config.stage_label}/plan", prompt, schema,
-                lambda d: validate_record(cls, d, self.ns),
-            )  # fmt: skip
-        hook = self.program.hook("postprocess_query")
-        if hook is not None:
-            query = hook(query, q.question)
-        return asdict(validate_record(cls, _as_dict(query, cls), self.ns))
+            record = self.llm.complete_json(
+                "task",
+                f"{self.config.stage_label}/plan",
+                prompt,
+                schema,
+                lambda d: conform(schema, d),
+            )
+        payload = {"question": q.question, "date": q.question_date, "record": record}
+        query, _ = self.call("query", payload, timeout=STEP_SECONDS)
+        return dict(query)
 
     def _retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
-        memory = self.memory()
-        self.backend.reset_budget()
-        text = memory.retrieve(validate_record(self.program.query, query, self.ns))
-        if not isinstance(text, str):
-            raise TypeError(f"Memory.retrieve must return str, got {type(text).__name__}")
-        over = len(text) > OUT_CHAR_BUDGET
-        return {"retrieved": text[:OUT_CHAR_BUDGET], "over_budget": over, "raw_chars": len(text)}
+        self.ensure_memory()
+        result, _ = self.call("retrieve", {"query": query}, timeout=STEP_SECONDS)
+        text, raw = str(result["text"])[:OUT_CHAR_BUDGET], int(result["raw_chars"])
+        return {"retrieved": text, "over_budget": raw > OUT_CHAR_BUDGET, "raw_chars": raw}
 
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None
         prompt = (
-            f"{self.program.get('ANSWER_INSTRUCTION')}\n\n"
+            f"{_instruction(self.source, 'ANSWER_INSTRUCTION')}\n\n"
             f"Retrieved memories:\n{retrieved}\n\n"
             + (f"Today is {q.question_date}.\n" if q.question_date else "")
             + f"Question: {q.question}\nAnswer:"
         )
         return self.llm.complete("task", f"{self.config.stage_label}/answer", prompt).text
-
-
-def load_check(source: str, path: str) -> str | None:
-    """None when the program loads and defines what the contract requires, else why not."""
-    try:
-        load_program(source, path)
-    except Exception as exc:
-        return str(exc) if isinstance(exc, ContractError) else _describe(exc, path)
-    return None
 
 
 def run_conversation(
@@ -386,30 +416,37 @@ def run_conversation(
     config: WorkerConfig,
     ticks: Any = None,
 ) -> ConversationResult:
-    """Execute one program over one conversation's questions (in a worker process).
+    """Execute one program over one conversation's questions.
 
+    Runs in a worker process; the program's own code runs in a confined host it starts.
     ``ticks``, when given, is a queue that receives the conversation id after each question.
     """
-    counters: dict[str, dict[str, int]] = {}
-    try:
-        program = load_program(source, path)
-        run = _Run(program, config, conv)
-    except Exception as exc:
-        error = f"load: {_describe(exc, path)}"
-        traces = [
-            {"id": q.id, "conversation_id": q.conversation_id, "error": error} for q in questions
-        ]
-        return ConversationResult(conv.id, traces, counters, [])
+    run = _Run(source, path, config, conv)
     run.embedder.stats.reset()
     traces = []
-    for q in questions:
-        traces.append(run.question(q))
-        if ticks is not None:
-            ticks.put(conv.id)
+    try:
+        for q in questions:
+            traces.append(run.question(q))
+            if ticks is not None:
+                ticks.put(conv.id)
+    finally:
+        run.close()
     run.count_untouched()
-    usage = [_usage_dict(r) for r in run.llm.drain_records()] if run.llm else []
+    usage = [asdict(r) for r in run.llm.drain_records()] if run.llm else []
     embedding = asdict(run.embedder.stats)
     return ConversationResult(conv.id, traces, run.counters, usage, run.seconds, embedding)
+
+
+def _instruction(source: str, name: str) -> str:
+    """An instruction string read from the source without running it (a literal assignment)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            if isinstance(value, str):
+                return value
+    raise ContractError(f"{name} must be assigned a string literal")
 
 
 def _windows(segment: Segment) -> list[Segment]:
@@ -426,20 +463,3 @@ def _windows(segment: Segment) -> list[Segment]:
     if current or not out:
         out.append(Segment(segment.session_id, segment.date, tuple(current)))
     return out
-
-
-def _as_dict(record: Any, cls: type) -> Any:
-    if not isinstance(record, cls):
-        raise TypeError(f"expected a {cls.__name__}, got {type(record).__name__}")
-    return asdict(typing.cast(Any, record))
-
-
-def _describe(exc: BaseException, path: str | None = None) -> str:
-    """One line: the exception and the innermost line of the program file it came from."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-    where = f" (line {frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}".replace("\n", " ")[:500]
-
-
-def _usage_dict(record: UsageRecord) -> dict[str, Any]:
-    return asdict(record)

@@ -104,17 +104,23 @@ def test_broken_program_is_refused(
     code, _, err = run_cli(capsys, "eval", "--program", str(bad), "--split", "all",
                            "--data-dir", str(one_conv), "--no-progress")  # fmt: skip
     assert code == 2
-    assert "Memory must be a class" in error_lines(err)[0]
+    assert "sandbox tier 1 (source) failed, rule missing-definition" in error_lines(err)[0]
+    assert "'Memory' is not defined" in error_lines(err)[0]
 
 
-def test_program_failing_every_question_exits_nonzero(
+def test_program_failing_every_question_exits_nonzero(  # passes the sandbox, fails on data
     one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     bad = tmp_path / "crash.py"
     bad.write_text(
         Path(DENSE)
         .read_text()
-        .replace("        if not units:", "        raise KeyError('boom')\n        if not units:")
+        .replace(
+            "        if not units:",
+            "        if len(units) > 30:\n"
+            "            raise KeyError('boom')\n"
+            "        if not units:",
+        )
     )
     code, _, err = run_cli(
         capsys, "eval", "--program", str(bad), "--split", "all", "--data-dir", str(one_conv),

@@ -108,8 +108,10 @@ def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSe
 
 def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path: Path):
     cache = tmp_path / "cache"
+    # Fails on BEAM data only (its user messages carry "->->" markers), so it passes the sandbox.
+    crash = '        if any("->->" in b for b in self.blocks):\n            1 / 0\n'
     path = variant(
-        tmp_path, "bad", "        if not self.blocks:", "        1 / 0\n        if not self.blocks:"
+        tmp_path, "bad", "        if not self.blocks:\n", crash + "        if not self.blocks:\n"
     )
     report = run(path, tasks, cache)
     assert report["meta"]["errors"] == len(tasks.questions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -216,12 +216,13 @@ def test_json_schema_simple_seed() -> None:
     ns = vars(program.module)
     unit = json_schema(program.memory_unit, ns)
     assert unit == {
+        "title": "MemoryUnit",
         "type": "object",
         "properties": {
             "content": {"type": "string"},
             "date": {"anyOf": [{"type": "string"}, {"type": "null"}]},
         },
-        "required": ["content", "date"],
+        "required": ["content"],
         "additionalProperties": False,
     }
     query = json_schema(program.query, ns)
@@ -233,7 +234,7 @@ def test_json_schema_simple_seed() -> None:
 def test_json_schema_hybrid_seed_list_of_strings() -> None:
     program = _load_seed("hybrid")
     schema = json_schema(program.memory_unit, vars(program.module))
-    assert schema["required"] == ["content", "date", "role", "message_ids"]
+    assert schema["required"] == ["content"]  # the other fields have defaults
     assert schema["additionalProperties"] is False
     assert schema["properties"]["message_ids"] == {
         "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
@@ -264,8 +265,8 @@ def test_json_schema_all_kinds() -> None:
     assert props["tags"] == {"type": "array", "items": {"type": "string"}}
     assert props["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
     assert props["weight"] == {"anyOf": [{"type": "number"}, {"type": "null"}]}
-    # strict structured outputs: every property is listed as required, defaults or not
-    assert schema["required"] == [f.name for f in fields(Everything)]
+    # fields with defaults may be omitted, so only the others are required
+    assert schema["required"] == [f.name for f in fields(Everything) if f.default is MISSING]
     assert schema["additionalProperties"] is False
 
 

@@ -1,0 +1,156 @@
+"""The sandbox report: four tiers, in order, each stopping the check when it fails.
+
+1. **source** — static analysis (:mod:`sandbox.static`), then the module loads inside a confined
+   host and defines the required names;
+2. **schema** — dataclass field types and signatures (in the host);
+3. **smoke** — construct, index, index empty, retrieve, with a stub backend (in the host);
+4. **probe** — the complexity probe (in the host; :mod:`sandbox.tiers`).
+
+Invariants: candidate code never runs in this process; a crash, hang or protocol breach of the
+host fails the tier it happened in with rule ``crash`` or ``timeout``. Each failure carries the
+tier, a rule id, the program line when known, and one line of text written for a model to
+repair the program (:meth:`CheckReport.repair_text`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from sandbox.static import check_source
+
+TIERS = ("source", "schema", "smoke", "probe")
+CHECK_LIMITS = Limits(cpu_seconds=120, memory_mb=4096, call_seconds=60.0)
+TIER_SECONDS = {"source": 30.0, "schema": 15.0, "smoke": 30.0, "probe": 90.0}
+_LINE = re.compile(r"\(line (\d+)")
+
+
+@dataclass
+class TierResult:
+    tier: int
+    name: str
+    passed: bool
+    seconds: float
+    rule: str | None = None
+    line: int | None = None
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckReport:
+    passed: bool
+    tiers: list[TierResult]
+    isolation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failure(self) -> TierResult | None:
+        return next((t for t in self.tiers if not t.passed), None)
+
+    def repair_text(self) -> str:
+        """One line for the coding model: failing tier, rule, line, what is wrong."""
+        t = self.failure
+        if t is None:
+            return "all sandbox tiers passed"
+        where = f" at line {t.line}" if t.line else ""
+        return f"sandbox tier {t.tier} ({t.name}) failed, rule {t.rule}{where}: {t.error}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "tiers": [asdict(t) for t in self.tiers],
+            "isolation": self.isolation,
+        }
+
+
+def check_program(
+    source: str,
+    path: str = "<candidate>",
+    parent_source: str | None = None,
+    limits: Limits = CHECK_LIMITS,
+) -> CheckReport:
+    """Run the four tiers on ``source`` and report; never raises for a bad program."""
+    tiers: list[TierResult] = []
+    start = time.perf_counter()
+    findings = check_source(source, parent_source)
+    if findings:
+        first = findings[0]
+        tiers.append(
+            TierResult(
+                1,
+                "source",
+                False,
+                time.perf_counter() - start,
+                first.rule,
+                first.line,
+                first.message,
+                {"findings": [asdict(f) for f in findings]},
+            )
+        )
+        return CheckReport(False, tiers)
+    try:
+        host = Host(limits)
+    except HostFailure as exc:
+        tiers.append(
+            TierResult(
+                1,
+                "source",
+                False,
+                time.perf_counter() - start,
+                "crash",
+                None,
+                f"the sandbox host did not start: {exc}",
+            )
+        )
+        return CheckReport(False, tiers)
+    with host:
+        steps = [
+            ("source", "load", {"source": source, "path": path}),
+            ("schema", "schema", {}),
+            ("smoke", "smoke", {}),
+            ("probe", "probe", {}),
+        ]
+        for number, (name, op, payload) in enumerate(steps, 1):
+            if number > 1:
+                start = time.perf_counter()
+            result = _run_tier(host, number, name, op, payload, start)
+            tiers.append(result)
+            if not result.passed:
+                break
+        isolation = host.isolation
+    return CheckReport(all(t.passed for t in tiers) and len(tiers) == len(TIERS), tiers, isolation)
+
+
+def _run_tier(
+    host: Host, number: int, name: str, op: str, payload: dict[str, Any], start: float
+) -> TierResult:
+    try:
+        details, _ = host.call(op, payload, timeout=TIER_SECONDS[name])
+    except ProgramFailure as exc:
+        text = str(exc)
+        match = _LINE.search(text)
+        rule = "contract" if exc.kind in ("ContractError", "TierError") else "exception"
+        if exc.kind == "TierError":
+            rule = name
+        return TierResult(
+            number,
+            name,
+            False,
+            time.perf_counter() - start,
+            rule,
+            int(match.group(1)) if match else None,
+            text,
+        )
+    except HostFailure as exc:
+        rule = "timeout" if "timed out" in str(exc) else "crash"
+        return TierResult(number, name, False, time.perf_counter() - start, rule, None, str(exc))
+    return TierResult(
+        number,
+        name,
+        True,
+        time.perf_counter() - start,
+        details=details if isinstance(details, dict) else {},
+    )

@@ -1,0 +1,172 @@
+"""The confined host process: the only place where candidate code runs.
+
+Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'``.
+Before it reads any candidate code it confines itself (:func:`confine`): a new network
+namespace (no interfaces, so no network), resource limits, and — when started as root — a
+throwaway uid with no supplementary groups, so it can write only where everybody can and
+cannot create processes or threads (RLIMIT_NPROC = 1). It then imports the libraries programs
+may use, disarms process, network and file functions they could reach through those libraries,
+and serves requests over stdin/stdout frames. Candidate modules get restricted builtins
+(:func:`restricted_builtins`): no ``open``/``exec``/``eval``/``compile``, and an ``__import__``
+that admits only the allow-listed modules of :mod:`sandbox.static`.
+
+Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe`` (the sandbox tiers, see
+:mod:`sandbox.tiers`) and ``units``, ``query``, ``index``, ``restore``, ``retrieve`` (evaluation;
+see :mod:`evolve.worker`). Every answer is one frame of kind ``result`` or ``error``; while
+handling a request the host may send ``backend`` frames and waits for their answers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import json
+import os
+import resource
+import sys
+import traceback
+from typing import Any
+
+CLONE_NEWNET = 0x40000000
+_DENIED_BUILTINS = {
+    "open", "exec", "eval", "compile", "globals", "locals", "vars", "breakpoint", "input",
+    "exit", "quit", "help", "memoryview", "copyright", "credits", "license",
+}  # fmt: skip
+
+
+def confine(limits: dict[str, Any]) -> dict[str, Any]:
+    """Network namespace and resource limits; returns what was obtained (for the report)."""
+    got: dict[str, Any] = {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    got["network"] = "namespace" if libc.unshare(CLONE_NEWNET) == 0 else "python-level block"
+    mb = 1 << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return got
+
+
+def drop_privileges() -> dict[str, Any]:
+    """As root: become a throwaway uid with no groups that may not create processes.
+
+    Called after every module the host needs is imported: the new uid may not be able to
+    read the interpreter's own files (they can live under a private home directory).
+    """
+    if os.geteuid() != 0:
+        return {"user": "unchanged (not started as root)", "processes": "python-level block"}
+    uid = 100_000 + int.from_bytes(os.urandom(2), "big")
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    return {"user": f"throwaway uid {uid}", "processes": "none allowed (RLIMIT_NPROC=1)"}
+
+
+def warm_up() -> None:
+    """Import what programs may use and exercise lazy imports inside those libraries."""
+    import importlib
+
+    import bm25s
+    import numpy as np
+    import Stemmer
+
+    from sandbox.static import ALLOWED_IMPORTS
+
+    for name in sorted(ALLOWED_IMPORTS - {"__future__"}):
+        importlib.import_module(name)
+    stemmer = Stemmer.Stemmer("english")
+    corpus = ["a first small text", "another text about numbers"]
+    retriever = bm25s.BM25()
+    retriever.index(
+        bm25s.tokenize(corpus, stemmer=stemmer, show_progress=False), show_progress=False
+    )
+    retriever.get_scores(["text"])
+    retriever.retrieve(
+        bm25s.tokenize(["text"], stemmer=stemmer, show_progress=False), k=1, show_progress=False
+    )
+    matrix = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    np.linalg.norm(matrix, axis=1)
+    np.argpartition(matrix[:, 0], 2)
+
+
+def _denied(*_args: Any, **_kwargs: Any) -> Any:
+    raise PermissionError("not allowed in the sandbox")
+
+
+def disarm() -> None:
+    """Replace process, network and file entry points reachable through allowed libraries."""
+    import socket
+    import subprocess
+
+    import numpy as np
+
+    for name in ("system", "popen", "fork", "forkpty", "execv", "execve", "execvp", "execl",
+                 "spawnv", "spawnve", "posix_spawn", "posix_spawnp", "kill", "killpg",
+                 "remove", "unlink", "rmdir", "rename", "replace", "mkdir", "chmod", "chown",
+                 "setsid", "open", "symlink", "link", "truncate"):  # fmt: skip
+        if hasattr(os, name):
+            setattr(os, name, _denied)
+    subprocess.Popen = _denied  # type: ignore[assignment, misc]
+    socket.socket = _denied  # type: ignore[assignment, misc]
+    socket.create_connection = _denied
+    for name in ("load", "save", "savez", "savez_compressed", "fromfile", "loadtxt", "savetxt",
+                 "genfromtxt", "memmap", "fromregex"):  # fmt: skip
+        setattr(np, name, _denied)
+
+
+def restricted_builtins() -> dict[str, Any]:
+    from sandbox.static import import_allowed
+
+    real_import = builtins.__import__
+
+    def guarded_import(name: str, globals: Any = None, locals: Any = None,
+                       fromlist: Any = (), level: int = 0) -> Any:  # fmt: skip
+        if level != 0 or not import_allowed(name, tuple(fromlist or ())):
+            raise ImportError(f"import of {name!r} is not allowed in a memory program")
+        return real_import(name, globals, locals, fromlist, level)
+
+    def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
+        if not isinstance(name, str) or name.startswith("_"):
+            raise AttributeError(f"getattr of {name!r} is not allowed in a memory program")
+        return getattr(obj, name, *default)
+
+    safe = {
+        k: v
+        for k, v in vars(builtins).items()
+        if k not in _DENIED_BUILTINS and not (k.startswith("__") and k != "__build_class__")
+    }
+    safe.update(__import__=guarded_import, getattr=guarded_getattr, __name__="builtins")
+    safe.pop("setattr", None)
+    safe.pop("delattr", None)
+    return safe
+
+
+def describe(exc: BaseException, path: str) -> str:
+    """One line for a model to act on: the exception and the program line it came from."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}".replace("\n", " ")[:1000]
+
+
+def main() -> None:
+    limits = json.loads(sys.argv[1])
+    out = sys.stdout.buffer
+    isolation = confine(limits)
+    warm_up()  # while the interpreter's files are still readable
+    from sandbox.serve import Server
+    from sandbox.wire import encode_frame, reader
+
+    builtins_ = restricted_builtins()
+    isolation.update(drop_privileges())
+    disarm()
+    sys.stdout = sys.stderr  # a program's prints must not corrupt the frames
+    server = Server(out, reader(sys.stdin.buffer), builtins_)
+    out.write(encode_frame({"kind": "ready", "isolation": isolation}))
+    out.flush()
+    server.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Isolation: every execution of candidate code happens in a confined host process.
+
+:class:`Host` starts ``python -I -m sandbox.host`` in a new session (its own process group)
+with a throwaway working directory, a minimal environment (no API keys, one BLAS thread) and
+the :class:`Limits` serialised on its command line. The host confines itself before it reads
+any candidate code (see :mod:`sandbox.host`): a new network namespace, resource limits (CPU
+seconds, address space, file size, open files, no new processes) and, when started as root, an
+unprivileged throwaway uid. The optimizer talks to it in frames (:mod:`sandbox.wire`) and
+answers its backend requests (embeddings, LLM completions) through the ``serve`` callback, so
+secrets, models and caches stay on the optimizer's side.
+
+Invariants:
+- Every request has a wall-clock deadline; reading, writing and waiting all honour it. When it
+  passes, or the host breaks the protocol, the whole process group is killed (SIGKILL) and
+  :class:`HostFailure` says why. The optimizer never blocks forever and never unpickles.
+- The host's stderr is kept up to :attr:`Limits.stderr_bytes`; the rest is discarded.
+- The scratch directory is removed when the host is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sandbox.wire import WireError, encode_frame, read_frame
+
+Serve = Callable[[dict[str, Any], list[bytes]], tuple[dict[str, Any], list[bytes]]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_seconds: int = 300  # CPU time of the host process (RLIMIT_CPU)
+    memory_mb: int = 4096  # address space (RLIMIT_AS)
+    file_size_mb: int = 16  # largest file it may write (RLIMIT_FSIZE)
+    open_files: int = 64  # RLIMIT_NOFILE
+    call_seconds: float = 600.0  # wall clock per request, including backend requests served
+    start_seconds: float = 60.0  # wall clock to start and confine itself
+    stderr_bytes: int = 64 << 10
+
+
+class HostFailure(Exception):
+    """The host died, hung, or broke the protocol; the message says which, in one line."""
+
+
+class ProgramFailure(Exception):
+    """Candidate code raised inside the host; the message is the host's one-line description."""
+
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+_SIGNALS = {
+    signal.SIGXCPU: "CPU time limit exceeded",
+    signal.SIGXFSZ: "file size limit exceeded",
+    signal.SIGKILL: "killed",
+    signal.SIGSEGV: "segmentation fault",
+}
+
+
+class Host:
+    """A confined process that loads one program and runs its code on request."""
+
+    def __init__(self, limits: Limits | None = None, serve: Serve | None = None) -> None:
+        self.limits = limits or Limits()
+        self.serve = serve
+        self.scratch = tempfile.mkdtemp(prefix="prismem-host-")
+        os.chmod(self.scratch, 0o777)  # the host may run as a throwaway uid
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": self.scratch,
+            "TMPDIR": self.scratch,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            **{v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        }
+        cmd = [sys.executable, "-I", "-m", "sandbox.host", json.dumps(asdict(self.limits))]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.scratch,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self._stderr = bytearray()
+        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_thread.start()
+        self.isolation: dict[str, Any] = {}
+        header, _ = self._receive(time.monotonic() + self.limits.start_seconds)
+        if header.get("kind") != "ready":
+            self.kill()
+            raise HostFailure(f"host did not start: {header.get('error', header)}")
+        self.isolation = dict(header.get("isolation") or {})
+
+    # -- requests ----------------------------------------------------------------------
+
+    def call(
+        self,
+        op: str,
+        payload: dict[str, Any] | None = None,
+        blobs: list[bytes] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> tuple[Any, list[bytes]]:
+        """Send one request; serve the host's backend requests until its answer arrives."""
+        deadline = time.monotonic() + (timeout or self.limits.call_seconds)
+        self._send(encode_frame({"op": op, **(payload or {})}, blobs), deadline)
+        while True:
+            header, got = self._receive(deadline)
+            kind = header.get("kind")
+            if kind == "result":
+                return header.get("result"), got
+            if kind == "error":
+                raise ProgramFailure(str(header.get("error"))[:2000], str(header.get("type")))
+            if kind == "backend" and self.serve is not None:
+                try:
+                    answer, answer_blobs = self.serve(header, got)
+                except Exception as exc:  # the optimizer's side failed: tell the program
+                    answer, answer_blobs = {"error": f"{type(exc).__name__}: {exc}"}, []
+                self._send(encode_frame(answer, answer_blobs), deadline)
+                continue
+            self.kill()
+            raise HostFailure(f"host broke the protocol (unexpected frame {kind!r})")
+
+    def _send(self, data: bytes, deadline: float) -> None:
+        fd = self.proc.stdin.fileno() if self.proc.stdin else -1
+        view = memoryview(data)
+        while view:
+            if not select.select([], [fd], [], self._left(deadline))[1]:
+                self._timeout()
+            try:
+                view = view[os.write(fd, view[: 1 << 16]) :]
+            except (BrokenPipeError, OSError):
+                raise self._died() from None
+
+    def _receive(self, deadline: float) -> tuple[dict[str, Any], list[bytes]]:
+        fd = self.proc.stdout.fileno() if self.proc.stdout else -1
+
+        def recv(n: int) -> bytes:
+            buf = bytearray()
+            while len(buf) < n:
+                if not select.select([fd], [], [], self._left(deadline))[0]:
+                    self._timeout()
+                chunk = os.read(fd, min(n - len(buf), 1 << 20))
+                if not chunk:
+                    raise self._died()
+                buf += chunk
+            return bytes(buf)
+
+        try:
+            return read_frame(recv)
+        except WireError as exc:
+            self.kill()
+            raise HostFailure(f"host broke the protocol: {exc}") from None
+
+    def _left(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self._timeout()
+        return left
+
+    def _timeout(self) -> None:
+        self.kill()
+        raise HostFailure("timed out (wall clock); the host was killed")
+
+    def _died(self) -> HostFailure:
+        code = self.proc.wait(timeout=5)
+        tail = self.stderr_tail()
+        if code < 0:
+            reason = _SIGNALS.get(signal.Signals(-code), f"killed by signal {-code}")
+        else:
+            reason = f"exited with status {code}"
+        self.kill()
+        return HostFailure(reason + (f": {tail}" if tail else ""))
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def _drain_stderr(self) -> None:
+        stream = self.proc.stderr
+        if stream is None:
+            return
+        while chunk := stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16):
+            room = self.limits.stderr_bytes - len(self._stderr)
+            if room > 0:
+                self._stderr += chunk[:room]
+
+    def stderr_tail(self, n: int = 300) -> str:
+        text = bytes(self._stderr).decode(errors="replace").strip().splitlines()
+        return (text[-1] if text else "")[-n:]
+
+    def kill(self) -> None:
+        """Kill the whole process group, reap it and remove the scratch directory."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._send(encode_frame({"op": "exit"}), time.monotonic() + 2)
+                self.proc.wait(timeout=2)
+            except (HostFailure, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

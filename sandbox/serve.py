@@ -1,0 +1,228 @@
+"""Requests served inside the host: loading a program, the run-time tiers, evaluation steps.
+
+Runs only inside :mod:`sandbox.host`, after confinement. Holds at most one loaded program and
+one built memory. Data crosses the wire as JSON (records as dicts, segments as plain dicts) and
+memory state as the restricted pickle of :mod:`evolve.stagecache` (unpickled only here, never
+by the optimizer).
+
+Backends given to ``Memory``: :class:`RemoteBackend` forwards ``embed``/``complete`` to the
+optimizer as ``backend`` frames (evaluation); :class:`sandbox.tiers.StubBackend` answers
+locally (tiers 3 and 4, no task-LLM call).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import IO, Any
+
+import numpy as np
+
+from evolve.datasets.types import Message, Segment
+from evolve.program import (
+    OUT_CHAR_BUDGET,
+    BackendError,
+    Program,
+    build_record,
+    check_names,
+    check_shapes,
+    json_schema,
+    load_program,
+    validate_record,
+)
+from evolve.stagecache import dump_state, load_state
+from sandbox.host import describe
+from sandbox.tiers import probe_tier, smoke_tier
+from sandbox.wire import encode_frame, read_frame, unpack_array
+
+
+class RemoteBackend:
+    """``embed`` and ``complete`` answered by the optimizer, with a per-call budget."""
+
+    def __init__(self, server: Server, dim: int, max_complete_calls: int) -> None:
+        self.dim = dim
+        self.max_complete_calls = max_complete_calls
+        self._server = server
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        items = list(texts)
+        if not all(isinstance(t, str) for t in items):
+            raise TypeError("backend.embed takes a list of strings")
+        header, blobs = self._server.ask({"method": "embed", "texts": items})
+        return unpack_array(header.get("array"), blobs[0])
+
+    def complete(self, prompt: str, max_tokens: int = 256) -> str:
+        if self.calls >= self.max_complete_calls:
+            raise BackendError(f"backend.complete: budget of {self.max_complete_calls} calls spent")
+        self.calls += 1
+        header, _ = self._server.ask(
+            {"method": "complete", "prompt": str(prompt), "max_tokens": int(max_tokens)}
+        )
+        return str(header["text"])
+
+
+def segment_from(data: dict[str, Any]) -> Segment:
+    messages = tuple(
+        Message(str(m["id"]), str(m["role"]), str(m["content"])) for m in data["messages"]
+    )
+    return Segment(str(data["session_id"]), data.get("date"), messages)
+
+
+class Server:
+    def __init__(self, out: IO[bytes], recv: Callable[[int], bytes], builtins: dict[str, Any]):
+        self.out = out
+        self.recv = recv
+        self.builtins = builtins
+        self.program: Program | None = None
+        self.memory: Any = None
+        self.backend: RemoteBackend | None = None
+
+    def send(self, header: dict[str, Any], blobs: list[bytes] | None = None) -> None:
+        self.out.write(encode_frame(header, blobs))
+        self.out.flush()
+
+    def ask(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+        """A backend request to the optimizer; its answer, or BackendError."""
+        self.send({"kind": "backend", **request})
+        header, blobs = read_frame(self.recv)
+        if "error" in header:
+            raise BackendError(str(header["error"]))
+        return header, blobs
+
+    def run(self) -> None:
+        while True:
+            header, blobs = read_frame(self.recv)
+            op = header.get("op")
+            if op == "exit":
+                return
+            handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+            if handler is None:
+                self.send({"kind": "error", "type": "protocol", "error": f"unknown op {op!r}"})
+                continue
+            path = self.program.path if self.program else str(header.get("path", ""))
+            try:
+                result, out_blobs = handler(header, blobs)
+            except Exception as exc:
+                self.send(
+                    {"kind": "error", "type": type(exc).__name__, "error": describe(exc, path)}
+                )
+            else:
+                self.send({"kind": "result", "result": result}, out_blobs)
+
+    # -- loading and the tiers -------------------------------------------------------------
+
+    def _program(self) -> Program:
+        if self.program is None:
+            raise RuntimeError("no program loaded")
+        return self.program
+
+    def op_load(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Tier 1 at run time: the module executes and defines the required names."""
+        self.program = load_program(str(req["source"]), str(req["path"]), self.builtins)
+        check_names(self.program)
+        return None, []
+
+    def op_schema(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Tier 2: field types and signatures; returns the record schemas."""
+        program = self._program()
+        check_shapes(program)
+        ns = vars(program.module)
+        return {
+            "MemoryUnit": json_schema(program.memory_unit, ns),
+            "Query": json_schema(program.query, ns),
+        }, []
+
+    def op_smoke(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        return smoke_tier(self._program()), []
+
+    def op_probe(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        return probe_tier(self._program(), dict(req.get("params") or {})), []
+
+    # -- evaluation steps --------------------------------------------------------------------
+
+    def op_units(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Extraction's program side: records (or offline stand-ins) → hook → unit dicts."""
+        program = self._program()
+        ns, cls = vars(program.module), program.memory_unit
+        segment = segment_from(req["segment"])
+        if req.get("records") is None:
+            units = [
+                build_record(
+                    cls,
+                    f"{m.role}: {m.content}",
+                    ns,
+                    date=segment.date,
+                    role=m.role,
+                    session_id=segment.session_id,
+                    message_id=m.id,
+                    message_ids=[m.id],
+                )
+                for m in segment.messages
+            ]
+        else:
+            units = [validate_record(cls, r, ns) for r in req["records"]]
+        hook = program.hook("postprocess_units")
+        if hook is not None:
+            units = hook(units, segment)
+        return [_record_dict(u, cls, ns) for u in units], []
+
+    def op_query(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Planning's program side: a record (or the question itself) → hook → query dict."""
+        program = self._program()
+        ns, cls = vars(program.module), program.query
+        question = str(req["question"])
+        if req.get("record") is None:
+            query = build_record(cls, question, ns, date=req.get("date"))
+        else:
+            query = validate_record(cls, req["record"], ns)
+        hook = program.hook("postprocess_query")
+        if hook is not None:
+            query = hook(query, question)
+        return _record_dict(query, cls, ns), []
+
+    def op_index(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Build the memory from every session's units; return its state when it can be stored."""
+        program = self._program()
+        ns, cls = vars(program.module), program.memory_unit
+        self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
+        memory = program.get("Memory")(self.backend)
+        for seg, records in zip(req["segments"], req["units"], strict=True):
+            self.backend.calls = 0
+            units = [validate_record(cls, r, ns) for r in records]
+            if memory.index(units, segment_from(seg)) is not None:
+                raise TypeError("Memory.index must return None")
+        self.memory = memory
+        try:
+            state = dump_state(memory, program.module.__name__, self.backend)
+        except Exception as exc:  # not storable: the optimizer will rebuild it next time
+            return {"stored": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, []
+        return {"stored": True}, [state]
+
+    def op_restore(self, req: dict[str, Any], blobs: list[bytes]) -> tuple[Any, list[bytes]]:
+        program = self._program()
+        self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
+        self.memory = load_state(
+            program.get("Memory"), blobs[0], vars(program.module), self.backend
+        )
+        return None, []
+
+    def op_retrieve(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        program = self._program()
+        if self.memory is None or self.backend is None:
+            raise RuntimeError("no memory built")
+        self.backend.calls = 0
+        text = self.memory.retrieve(
+            validate_record(program.query, req["query"], vars(program.module))
+        )
+        if not isinstance(text, str):
+            raise TypeError(f"Memory.retrieve must return str, got {type(text).__name__}")
+        return {"text": text[:OUT_CHAR_BUDGET], "raw_chars": len(text)}, []
+
+
+def _record_dict(record: Any, cls: type, ns: dict[str, Any]) -> dict[str, Any]:
+    """A hook's output as a plain dict, checked again against the schema."""
+    if not isinstance(record, cls):
+        raise TypeError(f"expected a {cls.__name__}, got {type(record).__name__}")
+    return asdict(validate_record(cls, asdict(typing.cast(Any, record)), ns))

@@ -1,0 +1,409 @@
+"""Sandbox tier 1, static: reject a candidate memory program from its source text alone.
+
+Owns :func:`check_source`: it reads a program (LLM-written, so hostile) with :mod:`ast` and
+returns every :class:`Finding`, each a one-line repair hint for the proposing model.
+
+Invariants:
+- The candidate is never executed, compiled or imported; only ``ast.parse`` runs, and the walk
+  is iterative, so hostile nesting cannot crash the checker. Pure and deterministic.
+- A filter, not the security boundary: static analysis cannot prove Python safe. It stops the
+  known routes and explains them before any model call is spent; containment is the isolated
+  worker process (resource limits, hard kill, no network, scratch-only writes).
+
+Rejected, and why:
+- Imports outside :data:`ALLOWED_IMPORTS` (numerics, text); relative, star and private imports;
+  corners of allowed packages that do I/O or run code (:data:`FORBIDDEN_MODULES`).
+- :data:`FORBIDDEN_NAMES` (builtins that run code, do I/O or open scopes) and dunder names but
+  ``__name__``, ``__slots__``, ``__all__``.
+- Attribute escape hatches: dunders but ``__init__``/``__post_init__`` (for ``super()``) and
+  ``__name__``; underscore attributes except on ``self``/``cls`` (allowed modules hide ``os``
+  and code runners there: ``random._os``, ``dataclasses._create_fn``); and
+  :data:`FORBIDDEN_ATTRIBUTES` (file loaders/savers, frames, code objects, module handles such
+  as ``enum.bltns``). Load/save/dump are allowed on ``json`` when only ``import json`` binds
+  it: they work on strings, and nothing here can open a file. A module bound by ``import`` is
+  usable only as ``module.attr``, so it cannot be aliased past that or smuggled in as ``self``.
+- Strings naming dunders (getattr/format tricks; docstrings are exempt, reachable only through
+  the forbidden ``__doc__``); ``.format`` on a non-literal template, or with fields that look
+  up ``.attr`` or ``[key]``. Builtin ``format(value, spec)`` does no lookups, so it is allowed.
+- Annotations as ``typing.get_type_hints`` (called by the executor on ``MemoryUnit`` and
+  ``Query``) evaluates them: strings in them are checked as code, and names assigned a value
+  anywhere (``X = "code"; field: X``) may not appear in them.
+- Classes made at run time (3-argument ``type``, ``make_dataclass``, functional ``NamedTuple``
+  or ``TypedDict``) and computed bases or metaclasses.
+- Names, attributes or strings naming the evaluation side (``evolve``, ``sandbox``, scorers,
+  splits, rubrics, gold labels, evidence ids, benchmark question files, the run store): a
+  program uses only what its ``Memory`` is given, never labels, scorers or earlier results.
+- A patch equal to its parent up to comments and layout; a module not binding the required
+  names at top level (whether they load with the right shapes is for the later tiers).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from string import Formatter
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason to reject a program: a stable rule id, a repair hint for the model, a line."""
+
+    rule: str
+    message: str
+    line: int | None
+
+
+ALLOWED_IMPORTS: frozenset[str] = frozenset(
+    "__future__ math cmath re collections dataclasses typing itertools functools heapq bisect "
+    "statistics datetime json string textwrap difflib enum abc copy operator unicodedata numbers "
+    "fractions decimal array hashlib random numpy bm25s Stemmer".split()
+)
+# Submodules of allowed packages that read or write files, run code or reach the network.
+FORBIDDEN_MODULES = (
+    "numpy.testing", "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "numpy.lib.format",
+    "numpy.lib.npyio", "numpy.compat", "bm25s.hf", "bm25s.utils", "bm25s.cli",
+    "bm25s.high_level", "bm25s.mcp", "bm25s.terminal",
+)  # fmt: skip
+FORBIDDEN_NAMES: frozenset[str] = frozenset(
+    "open exec eval compile __import__ globals locals vars breakpoint input exit quit help "
+    "memoryview getattr setattr delattr copyright credits license __builtins__ __build_class__ "
+    "__loader__ __spec__ __file__ __dict__".split()
+)
+ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__slots__", "__all__"})
+ALLOWED_DUNDER_ATTRIBUTES = frozenset({"__init__", "__post_init__", "__name__"})
+_ALLOWED_DUNDER_STRINGS = ALLOWED_DUNDER_ATTRIBUTES | {"__main__"}
+NAMEDTUPLE_API = frozenset({"_asdict", "_replace", "_fields", "_make", "_field_defaults"})
+FORBIDDEN_ATTRIBUTES: frozenset[str] = frozenset(
+    # files and pickles (and the load/save/dump family: _LOAD_SAVE)
+    "open fromfile tofile fromregex genfromtxt memmap open_memmap DataSource fromtextfile "
+    "openfile Path read_text read_bytes getline linecache formatwarning as_strided "
+    # corners of allowed packages that run code or reach the network
+    "ctypeslib f2py testing distutils compat hf utils scipy "
+    # processes, code execution, frames and code objects, attribute lookup by string
+    "system popen fork spawn exec_module eval exec getattr setattr delattr vars globals locals "
+    "breakpoint gi_frame gi_code cr_frame cr_code ag_frame ag_code f_globals f_locals f_back "
+    "f_builtins f_code tb_frame co_code mro format_map vformat Formatter attrgetter methodcaller "
+    "get_type_hints ForwardRef CodeType FunctionType LambdaType ModuleType new_class "
+    # modules that allowed modules expose as attributes (dataclasses.sys, enum.bltns, bm25s.os)
+    "os _os sys _sys builtins bltns inspect codecs logging mmap resource subprocess importlib "
+    "ctypes pickle marshal socket shutil pathlib io gc warnings".split()
+)
+_LOAD_SAVE = re.compile(r"(load|save|dump)(s|z|txt|z_compressed|_\w+)?")
+CLASS_FACTORIES = frozenset({"make_dataclass", "NamedTuple", "TypedDict"})
+TYPE_FACTORIES = frozenset({"TypeVar", "NewType", "ParamSpec"})
+EVALUATION_NAMES: frozenset[str] = frozenset(
+    "evolve sandbox scoring scorer splits rubric gold evidence_ids source_chat_ids "
+    "probing_questions".split()
+)
+EVALUATION_STRINGS = (
+    "probing_questions", "source_chat_ids", "/shared/", "shared/data", "splits/", "programs/",
+    ".sqlite",
+)  # fmt: skip
+_DUNDER = re.compile(r"__\w+__")
+INSTRUCTIONS = ("EXTRACTION_INSTRUCTION", "PLANNING_INSTRUCTION", "ANSWER_INSTRUCTION")
+CLASSES = ("MemoryUnit", "Query", "Memory")
+_PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+_NAME_HINTS = {"open": "programs cannot read or write files; keep state in Memory attributes"}
+_NAME_HINTS |= dict.fromkeys(("getattr", "setattr", "delattr"), "use obj.field or a dict")
+_NAME_HINTS |= dict.fromkeys(("exec", "eval", "compile"), "write the code (re.compile is fine)")
+_NAME_HINT = "it runs code, does I/O or exposes interpreter internals; remove it"
+_ATTR_HINT = "it gives file, process, introspection or code-execution access; remove it"
+_SAVE_HINT = "programs may not load or save files; keep data in Memory (json.loads/dumps is fine)"
+_EVAL_HINT = "programs may not touch the evaluator, labels, splits or run store; remove it"
+
+
+def check_source(source: str, parent_source: str | None = None) -> list[Finding]:
+    """Every static finding for ``source``, sorted by line; an empty list means it passes.
+
+    A candidate equal to ``parent_source`` (what it was patched from) up to comments and
+    layout is ``unchanged``."""
+    if not source.strip():
+        fix = f"write a complete memory program defining {', '.join(INSTRUCTIONS + CLASSES)}"
+        return [Finding("empty", _say("the program is empty", None, fix), None)]
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        fix = "fix it so the file parses as Python 3.11"
+        return [Finding("syntax", _say(f"syntax error: {exc.msg}", exc.lineno, fix), exc.lineno)]
+    except _PARSE_ERRORS as exc:
+        problem = f"the source cannot be parsed ({type(exc).__name__})"
+        fix = "remove null bytes and very deeply nested expressions"
+        return [Finding("syntax", _say(problem, None, fix), None)]
+    findings: list[Finding] = []
+    if parent_source is not None and _unchanged(source, tree, parent_source):
+        problem = "the program is unchanged from its parent (at most comments or layout differ)"
+        fix = "a patched candidate must differ from its parent; make the intended change"
+        findings.append(Finding("unchanged", _say(problem, None, fix), None))
+    findings += _missing_definitions(tree)
+    findings += _Checker(tree).run()
+    return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
+
+
+def _say(problem: str, line: int | None, fix: str) -> str:
+    return f"{problem} (line {line}): {fix}" if line is not None else f"{problem}: {fix}"
+
+
+def _unchanged(source: str, tree: ast.Module, parent_source: str) -> bool:
+    try:
+        return source == parent_source or ast.dump(tree) == ast.dump(ast.parse(parent_source))
+    except _PARSE_ERRORS:
+        return False
+
+
+def _missing_definitions(tree: ast.Module) -> list[Finding]:
+    classes = {stmt.name for stmt in tree.body if isinstance(stmt, ast.ClassDef)}
+    targets = [t for stmt in tree.body if isinstance(stmt, ast.Assign) for t in stmt.targets]
+    targets += [s.target for s in tree.body if isinstance(s, ast.AnnAssign) and s.value]
+    names = {e.id for t in targets for e in getattr(t, "elts", [t]) if isinstance(e, ast.Name)}
+    missing = [(n, "a string assignment") for n in INSTRUCTIONS if n not in names]
+    missing += [(n, "a class statement") for n in CLASSES if n not in classes]
+    return [
+        Finding("missing-definition", f"'{n}' is not defined at top level: add {kind}", None)
+        for n, kind in missing
+    ]
+
+
+def _bindings(tree: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """Every (name, node) binding a name other than through an ``ast.Name`` target."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield node.name, node
+        elif isinstance(node, ast.arg):
+            yield node.arg, node
+        elif isinstance(node, ast.alias) and node.name != "*":
+            yield node.asname or node.name.split(".")[0], node
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            yield node.name, node
+
+
+def _format_lookup(template: str, depth: int = 0) -> str | None:
+    """The first field that looks up an attribute or item (format specs nest two levels)."""
+    try:
+        for _, name, spec, _ in Formatter().parse(template):
+            if name and ("." in name or "[" in name):
+                return name
+            if spec and depth < 2 and (nested := _format_lookup(spec, depth + 1)):
+                return nested
+    except ValueError:
+        return "(malformed template)"
+    return None
+
+
+def _assigned_names(nodes: list[ast.AST]) -> set[str]:
+    """Names and attributes bound somewhere to a value that may be a string."""
+    typed: set[int] = set()  # targets of 'x: T = None', 'T = TypeVar("T")' and the like
+    for node in nodes:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            value = node.value
+            if (
+                value is None
+                or (isinstance(value, ast.Constant) and not isinstance(value.value, str | bytes))
+                or (isinstance(value, ast.Call) and getattr(value.func, "id", "") in TYPE_FACTORIES)
+            ):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                typed.update(id(t) for t in targets)
+    stores = [n for n in nodes if isinstance(n, ast.Name | ast.Attribute) and id(n) not in typed]
+    names = {
+        getattr(n, "id", getattr(n, "attr", "")) for n in stores if type(n.ctx) is not ast.Load
+    }
+    return names | {n.name for n in nodes if isinstance(n, ast.MatchAs | ast.MatchStar) and n.name}
+
+
+def import_allowed(name: str, fromlist: tuple[str, ...] = ()) -> bool:
+    """The run-time twin of the import rules, used by the sandbox host's ``__import__``."""
+    if name.split(".")[0] not in ALLOWED_IMPORTS or _forbidden_module(name):
+        return False
+    return not any(
+        item == "*" or item.startswith("_") or _forbidden_module(f"{name}.{item}")
+        for item in fromlist
+    )
+
+
+def _forbidden_module(path: str) -> bool:
+    private = any(part.startswith("_") for part in path.split(".")[1:])
+    return private or any(path == m or path.startswith(m + ".") for m in FORBIDDEN_MODULES)
+
+
+class _Checker:
+    """One pass over a parsed program; :meth:`run` returns its findings, unsorted."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self.findings: list[Finding] = []
+        self.receivers: set[int] = set()  # ids of Names used as 'name.attribute'
+        nodes = list(ast.walk(tree))
+        scopes = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+        self.docstrings = {  # a leading string statement, reachable only through __doc__
+            id(n.body[0].value) for n in nodes if isinstance(n, scopes) and n.body
+            and isinstance(n.body[0], ast.Expr)
+        }  # fmt: skip
+        imported = [alias for node in nodes if isinstance(node, ast.Import) for alias in node.names]
+        self.modules = {alias.asname or alias.name.split(".")[0] for alias in imported}
+        self.assigned = _assigned_names(nodes)
+        json_binders = [node for name, node in _bindings(tree) if name == "json"]
+        self.json_is_module = "json" not in self.assigned and all(
+            any(node is alias and not alias.asname for alias in imported) for node in json_binders
+        )
+
+    def run(self) -> list[Finding]:
+        for name, node in _bindings(self.tree):
+            if not isinstance(node, ast.alias):  # imported names are checked with the import
+                self._name(name, node, binding=True)
+        self._dispatch(ast.walk(self.tree))
+        return self.findings
+
+    def _dispatch(self, nodes: Iterable[ast.AST]) -> None:
+        nodes = list(nodes)
+        self.receivers.update(id(n.value) for n in nodes if isinstance(n, ast.Attribute))
+        for node in nodes:
+            handler = getattr(self, f"_{type(node).__name__}", None)
+            if handler is not None:
+                handler(node)
+
+    def _add(self, rule: str, node: ast.AST, problem: str, fix: str) -> None:
+        line = getattr(node, "lineno", None)
+        self.findings.append(Finding(rule, _say(problem, line, fix), line))
+
+    def _Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._module(alias.name, node)
+
+    def _ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level or not node.module:
+            fix = "a memory program is one file; define what you need in it"
+            self._add("relative-import", node, "relative import is not allowed", fix)
+            return
+        if not self._module(node.module, node) or node.module == "__future__":
+            return
+        for alias in node.names:
+            path = f"{node.module}.{alias.name}"
+            if alias.name == "*":
+                problem = f"'from {node.module} import *' is not allowed"
+                self._add("star-import", node, problem, "import the names you use explicitly")
+            elif _forbidden_module(path) or self._bad_attribute(alias.name, node.module == "json"):
+                fix = _SAVE_HINT if _LOAD_SAVE.fullmatch(alias.name) else _ATTR_HINT
+                self._add("import-not-allowed", node, f"import of '{path}' is not allowed", fix)
+
+    def _module(self, path: str, node: ast.AST) -> bool:
+        """Check one dotted module path; report it and return False when it is not allowed."""
+        top = path.split(".")[0]
+        if top not in ALLOWED_IMPORTS:
+            fix = f"memory programs may import only {', '.join(sorted(ALLOWED_IMPORTS))}; remove it"
+            self._add("import-not-allowed", node, f"import of '{top}' is not allowed", fix)
+            return False
+        if _forbidden_module(path):
+            fix = f"it is private or gives file, process or code access; use {top}'s public API"
+            self._add("import-not-allowed", node, f"import of '{path}' is not allowed", fix)
+            return False
+        return True
+
+    def _Name(self, node: ast.Name) -> None:
+        self._name(node.id, node, binding=False)
+        if node.id in self.modules and id(node) not in self.receivers:
+            fix = f"use the module only as '{node.id}.attribute'; do not assign, pass or rebind it"
+            self._add("module-value", node, f"module '{node.id}' is used as a value", fix)
+
+    def _name(self, name: str, node: ast.AST, binding: bool) -> None:
+        if name in EVALUATION_NAMES:
+            self._add("evaluation-access", node, f"'{name}' names evaluation-side code", _EVAL_HINT)
+        elif name in FORBIDDEN_NAMES or (
+            not binding and _DUNDER.fullmatch(name) and name not in ALLOWED_DUNDER_NAMES
+        ):
+            fix = _NAME_HINTS.get(name, _NAME_HINT)
+            self._add("forbidden-name", node, f"name '{name}' is not allowed", fix)
+
+    def _Attribute(self, node: ast.Attribute) -> None:
+        receiver = node.value.id if isinstance(node.value, ast.Name) else None
+        self._attribute(node.attr, node, receiver)
+        if node.attr == "format":  # also flags str.format(template, ...): the receiver is 'str'
+            self._format(node.value, node)
+
+    def _MatchClass(self, node: ast.MatchClass) -> None:
+        for attr in node.kwd_attrs:  # 'case C(attr=x)' reads the subject's attribute 'attr'
+            self._attribute(attr, node, None)
+
+    def _attribute(self, attr: str, node: ast.AST, receiver: str | None) -> None:
+        if attr in EVALUATION_NAMES:
+            self._add("evaluation-access", node, f"'{attr}' names evaluation-side code", _EVAL_HINT)
+        elif _DUNDER.fullmatch(attr):
+            if attr not in ALLOWED_DUNDER_ATTRIBUTES:
+                fix = "dunder attributes are escape hatches; use the object's public API"
+                self._add("dunder-attribute", node, f"attribute '{attr}' is not allowed", fix)
+        elif self._bad_attribute(attr, receiver == "json" and self.json_is_module):
+            fix = _SAVE_HINT if _LOAD_SAVE.fullmatch(attr) else _ATTR_HINT
+            self._add("forbidden-attribute", node, f"attribute '{attr}' is not allowed", fix)
+        elif (
+            attr.startswith("_") and receiver not in {"self", "cls"} and attr not in NAMEDTUPLE_API
+        ):
+            fix = "use underscore attributes only on self or cls, public names elsewhere"
+            self._add("private-attribute", node, f"attribute '{attr}' is not allowed here", fix)
+
+    @staticmethod
+    def _bad_attribute(attr: str, on_json: bool) -> bool:
+        return attr in FORBIDDEN_ATTRIBUTES or (not on_json and bool(_LOAD_SAVE.fullmatch(attr)))
+
+    def _Constant(self, node: ast.Constant) -> None:
+        if id(node) in self.docstrings or not isinstance(node.value, str | bytes):
+            return
+        text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+        dunders = [m for m in _DUNDER.findall(text) if m not in _ALLOWED_DUNDER_STRINGS]
+        if dunders:
+            fix = "strings naming dunders feed getattr and format tricks; remove it"
+            self._add("dunder-string", node, f"string containing '{dunders[0]}'", fix)
+        marker = next((m for m in EVALUATION_STRINGS if m in text), None)
+        if marker:
+            self._add("evaluation-access", node, f"string mentioning '{marker}'", _EVAL_HINT)
+
+    def _format(self, template: ast.expr, node: ast.AST) -> None:
+        if not (isinstance(template, ast.Constant) and isinstance(template.value, str)):
+            problem = "'.format' on a template that is not a string literal"
+            fix = "call .format directly on a string literal, or use an f-string"
+            self._add("dynamic-format", node, problem, fix)
+        elif field := _format_lookup(template.value):
+            fix = "use plain fields such as {0} or {name} and pass the value itself"
+            self._add("format-attribute", node, f"format field '{field}' looks up a value", fix)
+
+    def _annotation(self, annotation: ast.expr | None) -> None:
+        """Check an annotation as ``get_type_hints`` evaluates it: strings in it, and strings
+        reached through names in it (``X = "code"; field: X``), are evaluated as code."""
+        for node in ast.walk(annotation) if annotation is not None else ():
+            owner = getattr(node, "value", None)
+            name = getattr(node, "id", getattr(node, "attr", None))
+            if name in self.assigned and getattr(owner, "id", None) not in self.modules:
+                fix = "annotate with classes, imported types or TypeVars, not assigned names"
+                self._add("annotation-alias", node, f"annotation names assigned '{name}'", fix)
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            try:
+                parsed = ast.parse(node.value.strip(), mode="eval")
+            except _PARSE_ERRORS:
+                continue  # not an expression: typing raises before evaluating anything
+            body = ast.increment_lineno(parsed, node.lineno - 1).body
+            self._dispatch(ast.walk(body))
+            self._annotation(body)
+
+    def _annotated(self, node: ast.AST) -> None:
+        self._annotation(getattr(node, "returns", None) or getattr(node, "annotation", None))
+
+    _AnnAssign = _arg = _FunctionDef = _AsyncFunctionDef = _annotated
+
+    def _Call(self, node: ast.Call) -> None:
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        three_arg_type = isinstance(func, ast.Name) and name == "type" and len(node.args) == 3
+        if three_arg_type or name in CLASS_FACTORIES:
+            fix = "define classes with a class statement"
+            self._add("dynamic-type", node, f"'{name}(...)' creates a class at run time", fix)
+
+    def _ClassDef(self, node: ast.ClassDef) -> None:
+        metaclass = [k.value for k in node.keywords if k.arg == "metaclass"]
+        for base in [*node.bases, *metaclass]:
+            while isinstance(base, ast.Subscript | ast.Attribute):  # Generic[T], abc.ABC
+                base = base.value
+            if not isinstance(base, ast.Name):
+                problem = f"class '{node.name}' has a computed base or metaclass"
+                fix = "use plain names such as object or abc.ABC, defined by class statements"
+                self._add("dynamic-base", node, problem, fix)

@@ -1,0 +1,175 @@
+"""Tiers 3 and 4 of the sandbox, run inside the confined host with a local stub backend.
+
+- **Smoke** (:func:`smoke_tier`): construct ``Memory``, index a session of synthetic units,
+  index an empty session, retrieve with a valid query; ``index`` must return None and
+  ``retrieve`` a str within the 16,000-character budget.
+- **Complexity probe** (:func:`probe_tier`): index :data:`PROBE_UNITS` synthetic units over
+  :data:`PROBE_BATCHES` batches with :data:`PROBE_DIM`-dimensional embeddings and answer two
+  queries, once at full size and once at half size. Local CPU time (the program's own, the stub
+  backend's excluded) and backend calls are measured at both sizes. The program fails when its
+  CPU time exceeds :data:`CPU_BUDGET_S`, or when doubling the units multiplies its CPU time by
+  more than :data:`GROWTH_LIMIT` while the full run costs over :data:`GROWTH_FLOOR_S` (below
+  that floor timings are too small to be told apart from noise, and too small to matter), or
+  when backend calls grow faster than the units.
+
+No task LLM is reachable: the stub's ``complete`` raises BackendError, as offline mode does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from evolve.datasets.types import Message, Segment
+from evolve.program import OUT_CHAR_BUDGET, BackendError, Program, build_record
+
+PROBE_UNITS = 2000
+PROBE_BATCHES = 100
+PROBE_DIM = 4096
+SMOKE_DIM = 384
+CPU_BUDGET_S = 20.0
+GROWTH_LIMIT = 3.0  # linear work doubles (2x), quadratic quadruples (4x)
+GROWTH_FLOOR_S = 0.5
+
+_WORDS = (
+    "project deadline sprint budget meeting python database schema query index retrieval "
+    "march april may june monday friday coffee running marathon guitar recipe travel paris "
+    "doctor appointment invoice client design review deploy server bug fix test release"
+).split()
+
+
+class TierError(Exception):
+    """The program failed a tier's rule; the message says which rule."""
+
+
+class StubBackend:
+    """Deterministic pseudo-embeddings (seeded by the text's hash); counts calls; no LLM."""
+
+    def __init__(self, dim: int, max_complete_calls: int = 0) -> None:
+        self.dim = dim
+        self.max_complete_calls = max_complete_calls
+        self.embed_calls = 0
+        self.texts = 0
+        self.seconds = 0.0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        start = time.process_time()
+        items = list(texts)
+        if not all(isinstance(t, str) for t in items):
+            raise TypeError("backend.embed takes a list of strings")
+        self.embed_calls += 1
+        self.texts += len(items)
+        out = np.empty((len(items), self.dim), dtype=np.float32)
+        for i, text in enumerate(items):
+            seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+            row = np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+            out[i] = row / np.linalg.norm(row)
+        self.seconds += time.process_time() - start
+        return out
+
+    def complete(self, prompt: str, max_tokens: int = 256) -> str:
+        raise BackendError("backend.complete: no task LLM in the sandbox")
+
+
+def synthetic_session(
+    program: Program, session: int, n_units: int, seed: int
+) -> tuple[list[Any], Segment]:
+    rng = random.Random(seed)
+    date = f"2024-{1 + session // 28 % 12:02d}-{1 + session % 28:02d}"
+    messages = tuple(
+        Message(
+            f"{session}-{i}",
+            "user" if i % 2 == 0 else "assistant",
+            " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 40))),
+        )
+        for i in range(n_units)
+    )
+    segment = Segment(str(session), date, messages)
+    ns = vars(program.module)
+    units = [
+        build_record(
+            program.memory_unit,
+            f"{m.role}: {m.content}",
+            ns,
+            date=date,
+            role=m.role,
+            session_id=segment.session_id,
+            message_id=m.id,
+            message_ids=[m.id],
+        )
+        for m in messages
+    ]
+    return units, segment
+
+
+def _query(program: Program, text: str) -> Any:
+    return build_record(program.query, text, vars(program.module))
+
+
+def _retrieve(memory: Any, query: Any) -> str:
+    text = memory.retrieve(query)
+    if not isinstance(text, str):
+        raise TierError(f"Memory.retrieve must return str, got {type(text).__name__}")
+    if len(text) > OUT_CHAR_BUDGET:
+        raise TierError(
+            f"Memory.retrieve returned {len(text)} characters; the budget is {OUT_CHAR_BUDGET}"
+        )
+    return text
+
+
+def _index(memory: Any, units: list[Any], segment: Segment) -> None:
+    if memory.index(units, segment) is not None:
+        raise TierError("Memory.index must return None")
+
+
+def smoke_tier(program: Program) -> dict[str, Any]:
+    backend = StubBackend(SMOKE_DIM)
+    memory = program.get("Memory")(backend)
+    units, segment = synthetic_session(program, 1, 12, seed=1)
+    _index(memory, units, segment)
+    _index(memory, [], Segment("2", "2024-01-03", ()))
+    text = _retrieve(memory, _query(program, "When is the project deadline?"))
+    return {"retrieved_chars": len(text), "embed_calls": backend.embed_calls}
+
+
+def _probe_run(program: Program, n_units: int, n_batches: int) -> dict[str, float]:
+    backend = StubBackend(PROBE_DIM)
+    start = time.process_time()
+    memory = program.get("Memory")(backend)
+    per_batch = n_units // n_batches
+    for b in range(n_batches):
+        units, segment = synthetic_session(program, b, per_batch, seed=b)
+        _index(memory, units, segment)
+    for text in ("What did I decide about the database schema?", "When is the marathon?"):
+        _retrieve(memory, _query(program, text))
+    cpu = time.process_time() - start - backend.seconds
+    return {"cpu_s": round(cpu, 4), "embed_calls": backend.embed_calls, "texts": backend.texts}
+
+
+def probe_tier(program: Program, params: dict[str, Any]) -> dict[str, Any]:
+    units = int(params.get("units", PROBE_UNITS))
+    batches = int(params.get("batches", PROBE_BATCHES))
+    half = _probe_run(program, units // 2, batches // 2)
+    full = _probe_run(program, units, batches)
+    growth = full["cpu_s"] / max(half["cpu_s"], 1e-3)
+    result = {"half": half, "full": full, "cpu_growth": round(growth, 2)}
+    if full["cpu_s"] > CPU_BUDGET_S:
+        raise TierError(
+            f"CPU budget exceeded: {full['cpu_s']:.1f} s for {units} units "
+            f"(budget {CPU_BUDGET_S} s); make indexing and retrieval cheaper"
+        )
+    if growth > GROWTH_LIMIT and full["cpu_s"] > GROWTH_FLOOR_S:
+        raise TierError(
+            f"super-linear work: doubling the units multiplied CPU time by {growth:.1f}"
+            f" ({half['cpu_s']:.2f} s → {full['cpu_s']:.2f} s); avoid comparing every "
+            "unit with every other unit"
+        )
+    if full["embed_calls"] > 2 * half["embed_calls"] + 4:
+        calls = f"{half['embed_calls']} → {full['embed_calls']}"
+        raise TierError(f"super-linear backend calls: {calls} embed calls when the units doubled")
+    return result

@@ -1,0 +1,86 @@
+"""The wire between the optimizer and a sandboxed program host: length-prefixed frames.
+
+A frame is a JSON object plus zero or more binary blobs (numpy arrays travel as raw float32
+bytes with their shape in the JSON). Nothing is ever unpickled on the optimizer's side: the
+host is hostile, so the reader bounds every length before allocating and rejects anything that
+is not plain JSON.
+
+Layout: ``>II`` (JSON length, number of blobs), the JSON bytes, then per blob ``>Q`` length and
+the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from typing import IO, Any
+
+import numpy as np
+
+MAX_JSON_BYTES = 64 << 20
+MAX_BLOBS = 8
+MAX_BLOB_BYTES = 512 << 20
+
+
+class WireError(Exception):
+    """The peer sent something that is not a well-formed, bounded frame (or hung up)."""
+
+
+def encode_frame(header: dict[str, Any], blobs: list[bytes] | None = None) -> bytes:
+    blobs = blobs or []
+    data = json.dumps(header).encode()
+    parts = [struct.pack(">II", len(data), len(blobs)), data]
+    for blob in blobs:
+        parts += [struct.pack(">Q", len(blob)), blob]
+    return b"".join(parts)
+
+
+def reader(inp: IO[bytes]) -> Callable[[int], bytes]:
+    """A blocking exact-read function over a binary stream."""
+
+    def recv(n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = inp.read(left)
+            if not chunk:
+                raise WireError("peer closed the connection")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    return recv
+
+
+def read_frame(recv: Callable[[int], bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    """One frame through ``recv(n)``, which returns exactly n bytes or raises."""
+    n_json, n_blobs = struct.unpack(">II", recv(8))
+    if n_json > MAX_JSON_BYTES or n_blobs > MAX_BLOBS:
+        raise WireError(f"frame too large ({n_json} bytes of JSON, {n_blobs} blobs)")
+    try:
+        header = json.loads(recv(n_json))
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"malformed frame: {type(exc).__name__}") from None
+    if not isinstance(header, dict):
+        raise WireError("malformed frame: not a JSON object")
+    blobs = []
+    for _ in range(n_blobs):
+        (size,) = struct.unpack(">Q", recv(8))
+        if size > MAX_BLOB_BYTES:
+            raise WireError(f"blob too large ({size} bytes)")
+        blobs.append(recv(size))
+    return header, blobs
+
+
+def pack_array(array: np.ndarray) -> tuple[dict[str, Any], bytes]:
+    arr = np.ascontiguousarray(array, dtype=np.float32)
+    return {"shape": list(arr.shape)}, arr.tobytes()
+
+
+def unpack_array(meta: Any, blob: bytes) -> np.ndarray:
+    shape = meta.get("shape") if isinstance(meta, dict) else None
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise WireError("malformed array header")
+    if int(np.prod(shape, dtype=np.int64)) * 4 != len(blob):
+        raise WireError("array size does not match its shape")
+    return np.frombuffer(blob, dtype=np.float32).reshape(shape).copy()
