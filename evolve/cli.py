@@ -1,9 +1,10 @@
 """The ``evolve`` command line: parsing, output and exit codes only.
 
-Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``data fetch`` to
-:mod:`evolve.datasets.fetch`. Every expected failure (bad flag, missing or malformed data,
-unreadable program) ends with one ``error:`` line on stderr and exit status 2; nothing computed
-before the failure is lost, because stage outputs are stored as they are produced.
+Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``check`` to
+:mod:`sandbox.check`, ``data fetch`` to :mod:`evolve.datasets.fetch`. Every expected failure
+(bad flag, missing or malformed data, unreadable program) ends with one ``error:`` line on
+stderr and exit status 2; nothing computed before the failure is lost, because stage outputs
+are stored as they are produced. ``check`` exits 1 when a program fails a tier.
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    chk = sub.add_parser("check", help="run the sandbox's four tiers on a program file")
+    chk.add_argument("file", type=Path, help="memory program file (.py)")
+    chk.add_argument("--parent", type=Path, help="the program it was patched from")
+    chk.add_argument("--json", action="store_true", help="print one JSON object")
+
     data = sub.add_parser("data", help="benchmark data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="download a benchmark release into the data dir")
@@ -109,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "eval":
             return cmd_eval(args)
+        if args.command == "check":
+            return cmd_check(args)
         return cmd_fetch(args)
     except (UsageError, DataError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)
@@ -174,6 +182,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/] every question failed; first: {first}", highlight=False)
         return 1
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from sandbox.check import check_program
+
+    def read(path: Path) -> str:
+        try:
+            return path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read {path}: {exc}") from None
+
+    parent = read(args.parent) if args.parent else None
+    report = check_program(read(args.file), str(args.file), parent)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+        return 0 if report.passed else 1
+    table = Table(title=f"sandbox check of {args.file}")
+    for column in ("tier", "result", "seconds", "first error"):
+        table.add_column(column)
+    for t in report.tiers:
+        error = f"{t.rule}: {t.error}" if t.error else ""
+        verdict = "[green]pass[/]" if t.passed else "[red]FAIL[/]"
+        table.add_row(f"{t.tier} {t.name}", verdict, f"{t.seconds:.2f}", error)
+    out.print(table)
+    if report.isolation:
+        out.print("isolation: " + ", ".join(f"{k} {v}" for k, v in report.isolation.items()))
+    out.print(
+        "[green]passed[/]" if report.passed else f"[red]{report.repair_text()}[/]", highlight=False
+    )
+    return 0 if report.passed else 1
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
