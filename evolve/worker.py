@@ -44,7 +44,6 @@ from sandbox.wire import pack_array
 T = TypeVar("T")
 EXTRACT_WINDOW_CHARS = 24_000  # one extraction call sees at most this much of a session
 EVAL_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
-STEP_SECONDS = 120.0  # wall clock for one hook or retrieve call (backend requests included)
 INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
 INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit
 MAX_EMBED_TEXTS = 200_000
@@ -59,6 +58,7 @@ class WorkerConfig:
     embedder: str = "minilm"  # "minilm" or "hashing" (test double, chosen explicitly)
     stage_label: str = "eval"
     max_complete_calls: int = 8
+    step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
     # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through
     # ScriptedLLM instead of litellm. Never set from the command line.
     script: Callable[..., str] | None = None
@@ -257,7 +257,9 @@ class _Run:
         if self.llm is not None:
             records = [r for window in _windows(segment) for r in self._extract_llm(window)]
         units, _ = self.call(
-            "units", {"segment": asdict(segment), "records": records}, timeout=STEP_SECONDS
+            "units",
+            {"segment": asdict(segment), "records": records},
+            timeout=self.config.step_seconds,
         )
         return list(units)
 
@@ -293,7 +295,7 @@ class _Run:
         data = self.store.get_bytes("index", self.index_key)
         if data is not None:
             try:
-                self.call("restore", limits, [data], timeout=STEP_SECONDS)
+                self.call("restore", limits, [data], timeout=self.config.step_seconds)
             except ProgramFailure:  # stored by an incompatible program: rebuild instead
                 pass
             else:
@@ -388,12 +390,12 @@ class _Run:
                 lambda d: conform(schema, d),
             )
         payload = {"question": q.question, "date": q.question_date, "record": record}
-        query, _ = self.call("query", payload, timeout=STEP_SECONDS)
+        query, _ = self.call("query", payload, timeout=self.config.step_seconds)
         return dict(query)
 
     def _retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
         self.ensure_memory()
-        result, _ = self.call("retrieve", {"query": query}, timeout=STEP_SECONDS)
+        result, _ = self.call("retrieve", {"query": query}, timeout=self.config.step_seconds)
         text, raw = str(result["text"])[:OUT_CHAR_BUDGET], int(result["raw_chars"])
         return {"retrieved": text, "over_budget": raw > OUT_CHAR_BUDGET, "raw_chars": raw}
 

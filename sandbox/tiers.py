@@ -1,8 +1,9 @@
 """Tiers 3 and 4 of the sandbox, run inside the confined host with a local stub backend.
 
 - **Smoke** (:func:`smoke_tier`): construct ``Memory``, index a session of synthetic units,
-  index an empty session, retrieve with a valid query; ``index`` must return None and
-  ``retrieve`` a str within the 16,000-character budget.
+  index an empty session, retrieve with a valid query; ``index`` must return None,
+  ``retrieve`` a str within the 16,000-character budget, and the backend must be left as it
+  was given (class, methods, attributes).
 - **Complexity probe** (:func:`probe_tier`): index :data:`PROBE_UNITS` synthetic units over
   :data:`PROBE_BATCHES` batches with :data:`PROBE_DIM`-dimensional embeddings and answer two
   queries, once at full size and once at half size. Local CPU time (the program's own, the stub
@@ -127,18 +128,33 @@ def _index(memory: Any, units: list[Any], segment: Segment) -> None:
         raise TierError("Memory.index must return None")
 
 
+def _backend_state(backend: StubBackend) -> tuple[Any, ...]:
+    """What a program must leave alone: the backend's class, methods, attributes, settings."""
+    cls = type(backend)
+    return (cls, cls.embed, cls.complete, sorted(vars(backend)), backend.dim,
+            backend.max_complete_calls)  # fmt: skip
+
+
+def _check_backend(backend: StubBackend, before: tuple[Any, ...]) -> None:
+    if _backend_state(backend) != before:
+        raise TierError("Memory modified the backend it was given; treat it as read-only")
+
+
 def smoke_tier(program: Program) -> dict[str, Any]:
     backend = StubBackend(SMOKE_DIM)
+    before = _backend_state(backend)
     memory = program.get("Memory")(backend)
     units, segment = synthetic_session(program, 1, 12, seed=1)
     _index(memory, units, segment)
     _index(memory, [], Segment("2", "2024-01-03", ()))
     text = _retrieve(memory, _query(program, "When is the project deadline?"))
+    _check_backend(backend, before)
     return {"retrieved_chars": len(text), "embed_calls": backend.embed_calls}
 
 
 def _probe_run(program: Program, n_units: int, n_batches: int) -> dict[str, float]:
     backend = StubBackend(PROBE_DIM)
+    before = _backend_state(backend)
     start = time.process_time()
     memory = program.get("Memory")(backend)
     per_batch = n_units // n_batches
@@ -148,6 +164,7 @@ def _probe_run(program: Program, n_units: int, n_batches: int) -> dict[str, floa
     for text in ("What did I decide about the database schema?", "When is the marathon?"):
         _retrieve(memory, _query(program, text))
     cpu = time.process_time() - start - backend.seconds
+    _check_backend(backend, before)
     return {"cpu_s": round(cpu, 4), "embed_calls": backend.embed_calls, "texts": backend.texts}
 
 

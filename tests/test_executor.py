@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,36 @@ def test_contract_violation_is_refused_before_evaluation(tasks: TaskSet, tmp_pat
     broken.write_text("def f(:\n")
     with pytest.raises(EvalError, match="line 1: syntax error"):
         run(broken, tasks, tmp_path / "cache")
+
+
+# Run-time containment: these programs pass the sandbox (they misbehave only on BEAM data,
+# whose user messages carry "->->" markers) and must still be contained during evaluation.
+ON_BEAM = '        if any("->->" in b for b in self.blocks):\n'
+
+
+def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, tmp_path: Path):
+    code = ON_BEAM + "            while True:\n                pass\n"
+    path = variant(
+        tmp_path, "hang", "        if not self.blocks:\n", code + "        if not self.blocks:\n"
+    )
+    cfg = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
+                       step_seconds=3.0)  # fmt: skip
+    start = time.monotonic()
+    report = evaluate(path, tasks, cfg, jobs=1)
+    assert time.monotonic() - start < 60
+    errors = [t["error"] for t in report.traces]
+    assert all("timed out" in e for e in errors), errors
+    # The first question times out in retrieve; the host is gone, so later ones fail at plan.
+    failed = report.stages["retrieve"]["failed"] + report.stages["plan"]["failed"]
+    assert report.stages["retrieve"]["failed"] >= 1 and failed == len(tasks.questions)
+
+
+def test_memory_bomb_in_index_is_contained(tasks: TaskSet, tmp_path: Path):
+    old = "        self.parts.append(self.backend.embed([u.content for u in units]))\n"
+    bomb = (
+        '        if any("->->" in u.content for u in units):\n            x = bytearray(10**11)\n'
+    )
+    path = variant(tmp_path, "bomb", old, bomb + old)
+    report = run(path, tasks, tmp_path / "c")
+    assert all("MemoryError" in t["error"] for t in report["traces"]), report["traces"][0]
+    assert report["stages"]["index"]["failed"] >= 1
