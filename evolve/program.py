@@ -125,9 +125,13 @@ def source_digest(source: str) -> str:
 
 
 def load_program(
-    source: str, path: str = "<program>", builtins: dict[str, Any] | None = None
+    source: str,
+    path: str = "<program>",
+    builtins: dict[str, Any] | None = None,
+    shapes: bool = True,
 ) -> Program:
-    """Execute ``source`` as a fresh module and check what the contract requires.
+    """Execute ``source`` as a fresh module and check what the contract requires: the names
+    (:func:`check_names`) and, unless ``shapes`` is False, :func:`check_shapes`.
 
     This runs the module's top level: call it only inside a sandbox host
     (:mod:`sandbox.host`), which passes its restricted ``builtins``.
@@ -149,7 +153,9 @@ def load_program(
         sys.modules.pop(name, None)
         raise ContractError(f"module failed to load: {type(exc).__name__}: {exc}") from None
     program = Program(source=source, module=module, path=path)
-    check_definitions(program)
+    check_names(program)
+    if shapes:
+        check_shapes(program)
     return program
 
 

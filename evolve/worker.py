@@ -391,12 +391,17 @@ class _Run:
             )
         payload = {"question": q.question, "date": q.question_date, "record": record}
         query, _ = self.call("query", payload, timeout=self.config.step_seconds)
-        return dict(query)
+        if not isinstance(query, dict):
+            raise HostFailure("program host: a query must come back as a record")
+        return query
 
     def _retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
         self.ensure_memory()
         result, _ = self.call("retrieve", {"query": query}, timeout=self.config.step_seconds)
-        text, raw = str(result["text"])[:OUT_CHAR_BUDGET], int(result["raw_chars"])
+        if not (isinstance(result, dict) and isinstance(result.get("text"), str)
+                and isinstance(result.get("raw_chars"), int)):  # fmt: skip
+            raise HostFailure("program host: retrieval must come back as text")
+        text, raw = result["text"][:OUT_CHAR_BUDGET], result["raw_chars"]
         return {"retrieved": text, "over_budget": raw > OUT_CHAR_BUDGET, "raw_chars": raw}
 
     def _answer(self, q: Question, retrieved: str) -> str:

@@ -2,10 +2,10 @@
 
 Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'``.
 Before it reads any candidate code it confines itself (:func:`confine`): a new network
-namespace (no interfaces, so no network), resource limits, and — when started as root — a
-throwaway uid with no supplementary groups, so it can write only where everybody can and
-cannot create processes or threads (RLIMIT_NPROC = 1). It then imports the libraries programs
-may use, disarms process, network and file functions they could reach through those libraries,
+namespace (no interfaces, so no network) and resource limits. It imports the libraries programs
+may use and, when started as root, chroots into its scratch directory and becomes a throwaway
+uid with no supplementary groups that cannot create processes or threads (RLIMIT_NPROC = 1).
+It disarms process, network and file functions they could reach through those libraries,
 and serves requests over stdin/stdout frames. Candidate modules get restricted builtins
 (:func:`restricted_builtins`): no ``open``/``exec``/``eval``/``compile``, and an ``__import__``
 that admits only the allow-listed modules of :mod:`sandbox.static`.
@@ -49,19 +49,24 @@ def confine(limits: dict[str, Any]) -> dict[str, Any]:
 
 
 def drop_privileges() -> dict[str, Any]:
-    """As root: become a throwaway uid with no groups that may not create processes.
+    """As root: confine the file system to the scratch directory (chroot), then become a
+    throwaway uid with no groups that may not create processes.
 
-    Called after every module the host needs is imported: the new uid may not be able to
-    read the interpreter's own files (they can live under a private home directory).
+    Called after every module the host needs is imported: after the chroot no file outside
+    the scratch directory can be opened, the interpreter's own included.
     """
     if os.geteuid() != 0:
-        return {"user": "unchanged (not started as root)", "processes": "python-level block"}
+        return {"user": "unchanged (not started as root)", "processes": "python-level block",
+                "filesystem": "python-level block"}  # fmt: skip
+    os.chroot(os.getcwd())  # the scratch directory becomes the whole file system
+    os.chdir("/")
     uid = 100_000 + int.from_bytes(os.urandom(2), "big")
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
-    return {"user": f"throwaway uid {uid}", "processes": "none allowed (RLIMIT_NPROC=1)"}
+    return {"user": f"throwaway uid {uid}", "processes": "none allowed (RLIMIT_NPROC=1)",
+            "filesystem": "chroot to the scratch directory"}  # fmt: skip
 
 
 def warm_up() -> None:
@@ -89,6 +94,13 @@ def warm_up() -> None:
     matrix = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     np.linalg.norm(matrix, axis=1)
     np.argpartition(matrix[:, 0], 2)
+    for lazy in ("numpy.fft", "numpy.polynomial", "numpy.ma", "_strptime", "encodings.idna",
+                 "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
+                 "encodings.cp1252", "encodings.unicode_escape"):  # fmt: skip
+        importlib.import_module(lazy)
+    import datetime
+
+    datetime.datetime.strptime("2024-03-15", "%Y-%m-%d")
 
 
 def _denied(*_args: Any, **_kwargs: Any) -> Any:

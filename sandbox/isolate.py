@@ -76,7 +76,7 @@ class Host:
         self.limits = limits or Limits()
         self.serve = serve
         self.scratch = tempfile.mkdtemp(prefix="prismem-host-")
-        os.chmod(self.scratch, 0o777)  # the host may run as a throwaway uid
+        os.chmod(self.scratch, 0o1777)  # the host may run as a throwaway uid
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": self.scratch,

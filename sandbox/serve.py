@@ -25,7 +25,6 @@ from evolve.program import (
     BackendError,
     Program,
     build_record,
-    check_names,
     check_shapes,
     json_schema,
     load_program,
@@ -120,8 +119,7 @@ class Server:
 
     def op_load(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """Tier 1 at run time: the module executes and defines the required names."""
-        self.program = load_program(str(req["source"]), str(req["path"]), self.builtins)
-        check_names(self.program)
+        self.program = load_program(str(req["source"]), str(req["path"]), self.builtins, False)
         return None, []
 
     def op_schema(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:

@@ -222,6 +222,33 @@ def import_allowed(name: str, fromlist: tuple[str, ...] = ()) -> bool:
     )
 
 
+def _method_self_references(tree: ast.Module) -> set[int]:
+    """Ids of the Names that refer to a method's first parameter (its own self or cls).
+
+    Only functions defined directly in a class body are methods; a plain function whose
+    parameter happens to be called ``self`` gets no private access. Nested functions and
+    lambdas that take a parameter of the same name shadow it.
+    """
+    out: set[int] = set()
+    functions = ast.FunctionDef | ast.AsyncFunctionDef
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in (m for m in cls.body if isinstance(m, functions)):
+            params = [*method.args.posonlyargs, *method.args.args]
+            if not params or params[0].arg not in ("self", "cls"):
+                continue
+            name, todo = params[0].arg, list[ast.AST](method.body)
+            while todo:
+                node = todo.pop()
+                if isinstance(node, functions | ast.Lambda | ast.ClassDef):
+                    args = [] if isinstance(node, ast.ClassDef) else node.args.args
+                    if isinstance(node, ast.ClassDef) or any(a.arg == name for a in args):
+                        continue
+                if isinstance(node, ast.Name) and node.id == name:
+                    out.add(id(node))
+                todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _forbidden_module(path: str) -> bool:
     private = any(part.startswith("_") for part in path.split(".")[1:])
     return private or any(path == m or path.startswith(m + ".") for m in FORBIDDEN_MODULES)
@@ -242,6 +269,11 @@ class _Checker:
         }  # fmt: skip
         imported = [alias for node in nodes if isinstance(node, ast.Import) for alias in node.names]
         self.modules = {alias.asname or alias.name.split(".")[0] for alias in imported}
+        self.import_bound = self.modules | {  # every name an import binds, modules or not
+            alias.asname or alias.name
+            for node in nodes if isinstance(node, ast.ImportFrom) for alias in node.names
+        }  # fmt: skip
+        self.method_selves = _method_self_references(tree)
         self.assigned = _assigned_names(nodes)
         json_binders = [node for name, node in _bindings(tree) if name == "json"]
         self.json_is_module = "json" not in self.assigned and all(
@@ -302,11 +334,17 @@ class _Checker:
 
     def _Name(self, node: ast.Name) -> None:
         self._name(node.id, node, binding=False)
+        if node.id in ("self", "cls") and isinstance(node.ctx, ast.Store | ast.Del):
+            fix = "self and cls must keep naming the method's own object; use another name"
+            self._add("rebind-self", node, f"'{node.id}' is rebound", fix)
         if node.id in self.modules and id(node) not in self.receivers:
             fix = f"use the module only as '{node.id}.attribute'; do not assign, pass or rebind it"
             self._add("module-value", node, f"module '{node.id}' is used as a value", fix)
 
     def _name(self, name: str, node: ast.AST, binding: bool) -> None:
+        if binding and name in ("self", "cls") and not isinstance(node, ast.arg):
+            fix = "self and cls must keep naming the method's own object; use another name"
+            self._add("rebind-self", node, f"'{name}' is rebound", fix)
         if name in EVALUATION_NAMES:
             self._add("evaluation-access", node, f"'{name}' names evaluation-side code", _EVAL_HINT)
         elif name in FORBIDDEN_NAMES or (
@@ -317,6 +355,13 @@ class _Checker:
 
     def _Attribute(self, node: ast.Attribute) -> None:
         receiver = node.value.id if isinstance(node.value, ast.Name) else None
+        if isinstance(node.ctx, ast.Store | ast.Del):
+            root: ast.expr = node
+            while isinstance(root, ast.Attribute | ast.Subscript):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in self.import_bound:
+                fix = "imported modules and names are shared with the evaluator; leave them alone"
+                self._add("module-mutation", node, f"assignment to '{root.id}.{node.attr}'", fix)
         self._attribute(node.attr, node, receiver)
         if node.attr == "format":  # also flags str.format(template, ...): the receiver is 'str'
             self._format(node.value, node)
@@ -336,9 +381,11 @@ class _Checker:
             fix = _SAVE_HINT if _LOAD_SAVE.fullmatch(attr) else _ATTR_HINT
             self._add("forbidden-attribute", node, f"attribute '{attr}' is not allowed", fix)
         elif (
-            attr.startswith("_") and receiver not in {"self", "cls"} and attr not in NAMEDTUPLE_API
+            attr.startswith("_")
+            and not (isinstance(node, ast.Attribute) and id(node.value) in self.method_selves)
+            and attr not in NAMEDTUPLE_API
         ):
-            fix = "use underscore attributes only on self or cls, public names elsewhere"
+            fix = "use underscore attributes only on a method's own self or cls"
             self._add("private-attribute", node, f"attribute '{attr}' is not allowed here", fix)
 
     @staticmethod

@@ -6,14 +6,17 @@ host is hostile, so the reader bounds every length before allocating and rejects
 is not plain JSON.
 
 Layout: ``>II`` (JSON length, number of blobs), the JSON bytes, then per blob ``>Q`` length and
-the bytes.
+the bytes. The functions used are bound at import, before any program runs in the host, so a
+program that patched ``json`` could not rewrite the host's frames.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Callable
+from json import dumps as _dumps
+from json import loads as _loads
+from struct import pack as _pack
+from struct import unpack as _unpack
 from typing import IO, Any
 
 import numpy as np
@@ -29,10 +32,10 @@ class WireError(Exception):
 
 def encode_frame(header: dict[str, Any], blobs: list[bytes] | None = None) -> bytes:
     blobs = blobs or []
-    data = json.dumps(header).encode()
-    parts = [struct.pack(">II", len(data), len(blobs)), data]
+    data = _dumps(header).encode()
+    parts = [_pack(">II", len(data), len(blobs)), data]
     for blob in blobs:
-        parts += [struct.pack(">Q", len(blob)), blob]
+        parts += [_pack(">Q", len(blob)), blob]
     return b"".join(parts)
 
 
@@ -54,18 +57,18 @@ def reader(inp: IO[bytes]) -> Callable[[int], bytes]:
 
 def read_frame(recv: Callable[[int], bytes]) -> tuple[dict[str, Any], list[bytes]]:
     """One frame through ``recv(n)``, which returns exactly n bytes or raises."""
-    n_json, n_blobs = struct.unpack(">II", recv(8))
+    n_json, n_blobs = _unpack(">II", recv(8))
     if n_json > MAX_JSON_BYTES or n_blobs > MAX_BLOBS:
         raise WireError(f"frame too large ({n_json} bytes of JSON, {n_blobs} blobs)")
     try:
-        header = json.loads(recv(n_json))
+        header = _loads(recv(n_json))
     except (ValueError, RecursionError) as exc:
         raise WireError(f"malformed frame: {type(exc).__name__}") from None
     if not isinstance(header, dict):
         raise WireError("malformed frame: not a JSON object")
     blobs = []
     for _ in range(n_blobs):
-        (size,) = struct.unpack(">Q", recv(8))
+        (size,) = _unpack(">Q", recv(8))
         if size > MAX_BLOB_BYTES:
             raise WireError(f"blob too large ({size} bytes)")
         blobs.append(recv(size))
