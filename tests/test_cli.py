@@ -129,3 +129,23 @@ def test_program_failing_every_question_exits_nonzero(  # passes the sandbox, fa
     )  # fmt: skip
     assert code == 1
     assert "every question failed" in error_lines(err)[0] and "KeyError" in error_lines(err)[0]
+
+
+def test_check_reports_every_tier(capsys: pytest.CaptureFixture[str]):
+    code, out, _ = run_cli(capsys, "check", DENSE, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["passed"] is True
+    assert [t["name"] for t in report["tiers"]] == ["source", "schema", "smoke", "probe"]
+    assert all(t["passed"] and t["seconds"] < 10 for t in report["tiers"])
+
+
+def test_check_fails_with_tier_rule_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        Path(DENSE).read_text().replace("import numpy as np", "import numpy as np\nimport os")
+    )
+    code, out, _ = run_cli(capsys, "check", str(bad))
+    assert code == 1
+    assert "sandbox tier 1 (source) failed, rule import-not-allowed at line" in out
+    code, _, err = run_cli(capsys, "check", str(tmp_path / "missing.py"))
+    assert code == 2 and "cannot read" in error_lines(err)[0]
