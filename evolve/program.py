@@ -159,12 +159,6 @@ def load_program(
     return program
 
 
-def check_definitions(program: Program) -> None:
-    """The names, shapes and signatures the contract requires (raises ContractError)."""
-    check_names(program)
-    check_shapes(program)
-
-
 def check_names(program: Program) -> None:
     """The required names exist with the right kinds (instructions, dataclasses, a class)."""
     for name in INSTRUCTIONS:

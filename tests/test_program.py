@@ -17,7 +17,8 @@ from evolve.program import (
     Program,
     RecordError,
     build_record,
-    check_definitions,
+    check_names,
+    check_shapes,
     field_specs,
     json_schema,
     load_program,
@@ -76,7 +77,8 @@ def _contract_error(source: str) -> str:
 @pytest.mark.parametrize("name", SEEDS)
 def test_seed_loads_and_passes_contract(name: str) -> None:
     program = _load_seed(name)
-    check_definitions(program)
+    check_names(program)
+    check_shapes(program)
     assert program.path.endswith(f"{name}.py")
     assert program.memory_unit.__name__ == "MemoryUnit"
     assert program.query.__name__ == "Query"

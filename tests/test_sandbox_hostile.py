@@ -168,9 +168,8 @@ def runtime(id: str, source: str, tier: int | tuple[int, ...], *rules: str, **kw
     return Case(id, source, tier, rules, runtime=True, **kw)
 
 
-# Schema and signature errors: tier 2 by design (§5), but op_load's load_program already runs
-# check_definitions (names *and* shapes), so today they stop at tier 1, rule "contract".
-SCHEMA = (2, 1)
+# Schema and signature errors: tier 2 (design §5); loading checks only the names.
+SCHEMA = 2
 DYNAMIC_FORMAT = '("{0." + "_" * 2 + "globals" + "_" * 2 + "}").format(render)'
 FORGE_TOP = """
 import json
