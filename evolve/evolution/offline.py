@@ -1,0 +1,293 @@
+"""Offline proposer: evolve a program's tunable constants without an LLM (design §4).
+
+Owns :func:`tunables` (find a program's module-level numeric and boolean constants and their
+ranges) and :class:`OfflineProposer`, which mutates them as source patches, steered by the
+weakest capability, and crosses two programs over by their constants.
+
+A tunable is a top-level ``NAME = <literal>`` (or ``NAME: T = <literal>``) assigned once, NAME all
+caps and not in :data:`EXCLUDED`, the literal an int, float (finite) or bool on one line; ``-5``
+counts. Its range is declared by ``(range a-b)`` (also ``a..b``, ``a to b``; negative and decimal
+bounds allowed) or ``(bool)`` in that line's comment, otherwise inferred, never flipping a sign
+(a negative constant gets the mirror image of the rule for ``|v|``):
+
+- bool: flips; int ``v >= 0``: ``[v // 2, 2v + 10]``;
+- float in ``[0, 1]``: ``[0, 1]``; other float ``v > 1``: ``[0, 2v + 1]`` (3 significant digits).
+
+Guidance (:data:`GUIDANCE`): capability -> name keywords (substring match) and the preferred
+direction (+1 up / True, -1 down / False). With probability :data:`GUIDED_PROBABILITY` a move
+goes to a guided tunable in its preferred direction (one already at its bound is skipped);
+otherwise, or when none can move, a random tunable moves either way. One or two tunables move
+per proposal: a bool flips; an int is multiplied or divided by a factor in [1.25, 2] (by +-1
+when its range spans at most :data:`SMALL_INT_SPAN`); a float moves by a gaussian 15-30 % of
+its range, rounded to 3 significant digits; each result is clamped and differs from the old.
+
+Invariants:
+- Deterministic: a proposal depends only on (seed, source, target, round_no), a crossover on
+  (seed, a, b, round_no); randomness is ``random.Random`` seeded by a string, so it is the same
+  in every process.
+- A patch replaces exactly the literals' text; comments and layout are untouched. Every result
+  parses, differs from its parent (a mutated value stays within its range and type; a crossed
+  value is the other parent's) and changes at least one component fingerprint
+  (:func:`evolve.stagecache.changed_components` is non-empty): a constant that no component
+  uses is never moved (which constants are used is cached per source).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import io
+import math
+import random
+import re
+import tokenize
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from evolve.datasets.types import CAPABILITIES
+from evolve.stagecache import fingerprints
+
+Value = int | float | bool
+
+EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a choice
+GUIDED_PROBABILITY = 0.7
+SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
+GUIDANCE: dict[str, tuple[tuple[str, int], ...]] = {
+    "F": (("LEXICAL_WEIGHT", 1), ("MIN_SCORE", 1), ("CHUNK_CHARS", -1)),  # exact matches
+    "T": (("DATE_PREFIX", 1), ("NEIGHBOURS", 1), ("MMR_LAMBDA", 1)),  # dates, local context
+    "P": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),  # the user's own words
+    "M": (("TOP_K", 1), ("MMR_LAMBDA", -1), ("NEIGHBOURS", 1)),  # breadth and diversity
+    "A": (("MIN_SCORE", 1), ("TOP_K", 1)),  # drop weak matches, see enough to refute
+}
+
+_NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
+_NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_RANGE = re.compile(rf"\(range\s+({_NUMBER})\s*(?:\.\.|-|to)\s*({_NUMBER})\s*\)", re.IGNORECASE)
+_BOOL = re.compile(r"\(bool\)", re.IGNORECASE)
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One mutable constant: its value, range and the literal's exact position."""
+
+    name: str
+    value: Value
+    low: float | None  # None for bools
+    high: float | None
+    kind: str  # "int" | "float" | "bool"
+    declared: bool  # the range (or "(bool)") came from the line's comment
+    line: int  # 1-based line of the literal
+    col: int  # 0-based character columns of the literal's text on that line
+    end_col: int
+
+
+@dataclass(frozen=True)
+class Proposal:
+    source: str  # the patched program
+    message: str  # one line
+    changes: dict[str, tuple[Any, Any]]  # name -> (old, new)
+
+
+def tunables(source: str) -> list[Tunable]:
+    """Every tunable constant of ``source`` in source order. Raises SyntaxError if unparsable."""
+    tree = ast.parse(source)
+    lines = _LINE.findall(source)
+    comments = _comments(source)
+    bound = Counter(name for stmt in tree.body for name in _bound(stmt))
+    found = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, node = stmt.targets[0], stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            target, node = stmt.target, stmt.value
+        else:
+            continue
+        if not isinstance(target, ast.Name) or target.id in EXCLUDED or bound[target.id] > 1:
+            continue
+        value = _literal(node)
+        if not _NAME.match(target.id) or value is None or node.end_lineno != node.lineno:
+            continue
+        raw = lines[node.lineno - 1].encode()  # ast columns are UTF-8 byte offsets
+        col, end_col = (len(raw[:c].decode()) for c in (node.col_offset, node.end_col_offset))
+        kind = type(value).__name__
+        low, high, declared = _range(kind, value, comments.get(node.lineno, ""))
+        position = (node.lineno, col, end_col)
+        found.append(Tunable(target.id, value, low, high, kind, declared, *position))
+    return found
+
+
+class OfflineProposer:
+    """Seeded mutation and crossover of tunable constants; see the module docstring."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def propose(self, source: str, target: str | None, round_no: int) -> Proposal:
+        """Move one or two tunables of ``source``, preferring moves that help ``target``."""
+        if target is not None and target not in CAPABILITIES:
+            raise ValueError(f"unknown capability {target!r}; expected one of {CAPABILITIES}")
+        live = _live_names(source)
+        found = [t for t in tunables(source) if t.name in live]
+        rng = random.Random(f"{self.seed}:{round_no}:{target}")
+        edits: dict[Tunable, Value] = {}
+        for _ in range(rng.choice((1, 2))):
+            options = [t for t in found if t not in edits]
+            guided = [
+                (t, direction)
+                for keyword, direction in GUIDANCE.get(target or "", ())
+                for t in options
+                if keyword in t.name
+            ]
+            move = _pick(options, guided, rng)
+            if move is None:
+                break
+            edits[move[0]] = move[1]
+        if not edits:
+            raise ValueError("no tunable constant can change")
+        changes = {t.name: (t.value, new) for t, new in edits.items()}
+        suffix = f" (target {target})" if target else ""
+        return Proposal(_patch(source, edits), f"offline: {_describe(changes)}{suffix}", changes)
+
+    def crossover(self, a: str, b: str, round_no: int) -> Proposal:
+        """``a`` with some of its differing tunables set to ``b``'s values (``a``'s code kept).
+
+        Each differing constant comes from either parent; at least one comes from ``b`` and,
+        when two or more differ, at least one from ``a``, so the child equals neither."""
+        in_b = {t.name: t for t in tunables(b)}
+        live = _live_names(a)
+        differing = [
+            t
+            for t in tunables(a)
+            if t.name in in_b
+            and t.name in live
+            and (t.kind, t.value) != (in_b[t.name].kind, in_b[t.name].value)
+        ]
+        if not differing:
+            raise ValueError("the programs share no differing tunable constant")
+        rng = random.Random(f"{self.seed}:{round_no}:crossover")
+        from_b = [t for t in differing if rng.random() < 0.5] or [rng.choice(differing)]
+        if len(from_b) == len(differing) > 1:
+            from_b.remove(rng.choice(from_b))
+        edits: dict[Tunable, Value] = {t: in_b[t.name].value for t in from_b}
+        changes = {t.name: (t.value, new) for t, new in edits.items()}
+        message = f"offline crossover: from b {_describe(changes)}"
+        return Proposal(_patch(a, edits), message, changes)
+
+
+def _pick(
+    options: list[Tunable],
+    guided: list[tuple[Tunable, int]],
+    rng: random.Random,
+) -> tuple[Tunable, Value] | None:
+    """A guided move with probability GUIDED_PROBABILITY, else (or failing that) a random one."""
+    tries: list[tuple[Tunable, int]] = []
+    if guided and rng.random() < GUIDED_PROBABILITY:
+        tries += rng.sample(guided, len(guided))
+    for t in rng.sample(options, len(options)):
+        first = (-1 if t.value else 1) if t.kind == "bool" else rng.choice((1, -1))
+        tries += [(t, first), (t, -first)]
+    for t, direction in tries:
+        new = _step(t, direction, rng)
+        if new is not None:
+            return t, new
+    return None
+
+
+def _step(t: Tunable, direction: int, rng: random.Random) -> Value | None:
+    """``t``'s value moved one step in ``direction`` within its range; None if it cannot move."""
+    if t.kind == "bool":
+        return None if bool(t.value) == (direction > 0) else direction > 0
+    assert t.low is not None and t.high is not None
+    v = t.value
+    new: Value
+    if t.kind == "int":
+        low, high = math.ceil(t.low), math.floor(t.high)
+        if low > high:
+            return None
+        if high - low <= SMALL_INT_SPAN or v == 0:
+            new = v + direction
+        else:
+            factor = rng.uniform(1.25, 2.0)
+            new = round(v * factor if (direction > 0) == (v > 0) else v / factor)
+            new = new if new != v else v + direction
+        new = min(max(new, low), high)
+    else:
+        fraction = min(max(abs(rng.gauss(0.225, 0.05)), 0.15), 0.30)
+        new = min(max(_round3(v + direction * fraction * (t.high - t.low)), t.low), t.high)
+    return new if (new - v) * direction > 0 else None
+
+
+@functools.lru_cache(maxsize=128)
+def _live_names(source: str) -> frozenset[str]:
+    """Tunables whose change alters some component fingerprint; the rest no component uses."""
+    base = fingerprints(source)
+    return frozenset(
+        t.name
+        for t in tunables(source)
+        if fingerprints(_patch(source, {t: not t.value if t.kind == "bool" else t.value + 1}))
+        != base
+    )
+
+
+def _patch(source: str, edits: dict[Tunable, Value]) -> str:
+    lines = _LINE.findall(source)
+    for t, new in sorted(edits.items(), key=lambda e: (e[0].line, e[0].col), reverse=True):
+        text = lines[t.line - 1]
+        lines[t.line - 1] = text[: t.col] + _render(new) + text[t.end_col :]
+    return "".join(lines)
+
+
+def _render(value: Value) -> str:
+    return repr(value)  # True/False; ints plainly; floats by the shortest round-tripping repr
+
+
+def _round3(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def _describe(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{n} {_render(old)} -> {_render(new)}" for n, (old, new) in changes.items())
+
+
+def _range(kind: str, value: Value, comment: str) -> tuple[float | None, float | None, bool]:
+    if kind == "bool":
+        return None, None, bool(_BOOL.search(comment))
+    if match := _RANGE.search(comment):
+        low, high = sorted((float(match[1]), float(match[2])))
+        return low, high, True
+    size = abs(value)
+    if kind == "int":
+        low, high = float(size // 2), float(2 * size + 10)
+    else:
+        low, high = 0.0, (1.0 if size <= 1 else _round3(2 * size + 1))
+    return (low, high, False) if value >= 0 else (0.0 - high, 0.0 - low, False)  # never -0.0
+
+
+def _literal(node: ast.expr) -> Value | None:
+    negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+    operand = node.operand if isinstance(node, ast.UnaryOp) and negative else node
+    if not isinstance(operand, ast.Constant):
+        return None
+    value = operand.value
+    if isinstance(value, bool):
+        return None if negative else value
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return -value if negative else value
+
+
+def _bound(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [stmt.name]
+    if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return []
+
+
+def _comments(source: str) -> dict[int, str]:
+    """Line number -> the comment on that line."""
+    tokens = tokenize.generate_tokens(io.StringIO(source, newline="").readline)
+    return {tok.start[0]: tok.string for tok in tokens if tok.type == tokenize.COMMENT}

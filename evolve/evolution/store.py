@@ -1,0 +1,447 @@
+"""The run store: one folder per evolution run holding every candidate program and its story.
+
+Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
+
+    manifest.json          what the run started with (scrubbed) plus ``run_id`` and ``created``
+    state.json             the loop's cursor (stage, round, best ids, specialists, spend)
+    candidates/<id>.py     a candidate's source, verbatim (ids look like ``c0007-1a2b3c4d``)
+    candidates/<id>.json   its :class:`CandidateMeta`
+    claims/c<NNNN>         empty; created with O_EXCL to reserve candidate number NNNN
+    index.sqlite           tables ``candidates`` (one row per ``.json``) and ``events``
+
+Invariants:
+
+- Every file write is atomic: a temporary ``.tmp-*`` file in the same folder, fsync,
+  ``os.replace``, fsync of the folder. Readers see the old file or the new one, never a torn
+  one. A crash may leave a ``.tmp-*`` file or a ``.py`` without its ``.json``; neither is
+  ever read as a candidate.
+- A candidate exists iff its ``.json`` exists. :meth:`RunStore.add_candidate` writes the ``.py``,
+  then the ``.json``, then the SQLite row, all before it returns.
+- The files are the truth and every read of a candidate goes to them. The ``candidates`` table
+  is derivable from ``candidates/*.json`` (:meth:`RunStore.reindex`); :meth:`RunStore.open`
+  rebuilds it whenever it differs from the files (missing file, a crash between a ``.json`` and
+  its row, a row behind an update). Events live only in SQLite: losing ``index.sqlite`` loses
+  the event log, never a candidate or the state.
+- Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
+  by exclusively creating its claim file, so two writers cannot take the same number; a crash
+  after the claim leaves a gap in the numbering, never a reused number.
+- Adding a source already in the run (same sha256) returns the existing candidate; two
+  writers adding the same new source at the same moment may both succeed.
+- No secrets on disk: the manifest, every metadata write and every event go through
+  :func:`scrub_secrets`. Sources are stored verbatim; ``state.json`` is written as given (JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from evolve.datasets.types import CAPABILITIES
+
+STAGES = ("seed", "cold_start", "refinement", "integration")
+STATUSES = ("proposed", "rejected", "evaluated", "failed")
+REDACTED = "[redacted]"
+BUSY_TIMEOUT_S = 60.0
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_META_FILE = re.compile(r"c(\d{4,})-[0-9a-f]{8}\.json")
+_CREATE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+_IMMUTABLE = frozenset({"id", "number", "source_sha256"})
+_ALLOWED = {"stage": STAGES, "status": STATUSES, "capability": (*CAPABILITIES, None)}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS candidates (
+    id TEXT PRIMARY KEY, number INTEGER NOT NULL, parents TEXT NOT NULL, stage TEXT NOT NULL,
+    capability TEXT, message TEXT NOT NULL, source_sha256 TEXT NOT NULL, status TEXT NOT NULL,
+    sandbox TEXT, scores TEXT NOT NULL, usage TEXT NOT NULL, seconds REAL NOT NULL,
+    created REAL NOT NULL, frozen INTEGER NOT NULL, meta TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
+"""
+
+
+class RunNotFound(Exception):
+    """No run with that id (or its folder has no readable manifest)."""
+
+
+class CandidateNotFound(LookupError):
+    """No candidate matches an id or prefix, or a prefix matches several."""
+
+
+class CandidateMeta(BaseModel):
+    """What the store knows about one candidate; the ``.json`` file holds exactly this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # "c0007-<first 8 hex of the source sha256>"
+    number: int  # 0-based creation order
+    parents: list[str]
+    stage: str
+    capability: str | None  # the target capability, one of CAPABILITIES
+    message: str  # one line
+    source_sha256: str
+    status: str
+    sandbox: dict[str, Any] | None  # the sandbox report (CheckReport.as_json())
+    scores: dict[str, dict[str, Any]]  # split -> {"overall": {...}, "by_capability": {...}}
+    usage: dict[str, Any]  # tokens and cost spent producing and evaluating it
+    seconds: float
+    created: float  # unix time
+    frozen: bool = False
+
+    @field_validator("stage", "status", "capability")
+    @classmethod
+    def _known(cls, value: str | None, info: ValidationInfo) -> str | None:
+        allowed = _ALLOWED[str(info.field_name)]
+        if value not in allowed:
+            raise ValueError(f"unknown {info.field_name} {value!r}; expected one of {allowed}")
+        return value
+
+    @field_validator("message")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        return " ".join(value.split())
+
+
+_COLUMNS = tuple(CandidateMeta.model_fields)
+_UPSERT = (
+    f"INSERT OR REPLACE INTO candidates ({', '.join(_COLUMNS)}, meta) "
+    f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))})"
+)
+
+
+# --- secrets ------------------------------------------------------------------------------
+
+_SECRET_WORDS = frozenset(
+    ("secret", "secrets", "password", "passwd", "credential", "credentials", "authorization")
+)
+_SECRET_LAST_WORDS = frozenset({"key", "token", "auth"})  # "hf_token", but not "max_tokens"
+_SECRET_VALUE = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"(?:sk|rk|gsk|hf|ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abeprs])[-_][A-Za-z0-9_\-]{20,}"
+    r"|AIza[A-Za-z0-9_\-]{30,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"
+    r"|[Bb]earer\s+[A-Za-z0-9._~+/\-]{16,}=*"
+    r")"
+)
+
+
+def _is_secret_name(name: str) -> bool:
+    words = [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
+    pairs = zip(words, words[1:], strict=False)
+    return (
+        any(w in _SECRET_WORDS for w in words)
+        or bool(words and words[-1] in _SECRET_LAST_WORDS)
+        or ("api", "key") in pairs
+        or "apikey" in words
+    )
+
+
+def _redact_key(match: re.Match[str]) -> str:
+    text, body = match[0], match[0][4:]  # past the prefix: random keys have digits or mixed case
+    if text[:6].lower() == "bearer" or any(c.isdigit() for c in body):
+        return REDACTED
+    return REDACTED if body.lower() != body and body.upper() != body else text
+
+
+def scrub_secrets(obj: Any) -> Any:
+    """A copy of ``obj`` (dicts, lists, tuples, scalars) that is safe to write to disk.
+
+    Drops every dict key whose name looks secret (``api_key``, ``OPENAI_API_KEY``, ``hf_token``,
+    ``secret``, ``password``, ``authorization``, ``credentials``, ...; ``max_tokens``,
+    ``prompt_tokens`` and the like stay) and, in strings, replaces with ``"[redacted]"``
+    whatever looks like a key: ``sk-``/``sk_``/``hf_``/``ghp_``/``xoxb-``/... followed by 20+
+    random-looking characters, AWS ``AKIA...`` ids, ``Bearer ...`` tokens, and the value (8+
+    characters) of any secret-named environment variable.
+    """
+    env = [v for k, v in os.environ.items() if _is_secret_name(k) and len(v) >= 8]
+    return _scrub(obj, sorted(env, key=len, reverse=True))
+
+
+def _scrub(obj: Any, env: list[str]) -> Any:
+    if isinstance(obj, dict):
+        return {k: _scrub(v, env) for k, v in obj.items() if not _is_secret_name(str(k))}
+    if isinstance(obj, list | tuple):
+        return [_scrub(v, env) for v in obj]
+    if isinstance(obj, str):
+        for value in env:
+            obj = obj.replace(value, REDACTED)
+        return _SECRET_VALUE.sub(_redact_key, obj)
+    return obj
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # makes the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8")
+
+
+def _row(meta: CandidateMeta, text: str) -> tuple[Any, ...]:
+    values = meta.model_dump().values()  # in _COLUMNS order; dicts and lists as JSON text
+    return (*(json.dumps(v) if isinstance(v, dict | list) else v for v in values), text)
+
+
+class RunStore:
+    """One run's folder. Create with :meth:`create`, reopen with :meth:`open`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.run_id = self.root.name
+        self._candidates = self.root / "candidates"
+        self._claims = self.root / "claims"
+        self._index = self.root / "index.sqlite"
+
+    # --- runs ---
+
+    @classmethod
+    def create(
+        cls, runs_dir: Path, manifest: dict[str, Any], run_id: str | None = None
+    ) -> RunStore:
+        """A new, empty run. Default id: ``YYYYmmdd-HHMMSS-<4 hex>``; an existing folder is
+        refused (FileExistsError). The manifest is written last, so a run without one is
+        incomplete and ignored."""
+        run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+        if not _RUN_ID.fullmatch(run_id):
+            raise ValueError(f"invalid run id {run_id!r}: use letters, digits, '.', '_', '-'")
+        root = Path(runs_dir) / run_id
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir()
+        except FileExistsError:
+            raise FileExistsError(f"run {run_id!r} already exists in {runs_dir}") from None
+        store = cls(root)
+        store._candidates.mkdir()
+        store._claims.mkdir()
+        with store._db():
+            pass
+        body = {**scrub_secrets(manifest), "run_id": run_id, "created": time.time()}
+        _write_atomic(root / "manifest.json", _dump(body))
+        return store
+
+    @classmethod
+    def open(cls, runs_dir: Path, run_id: str) -> RunStore:
+        """An existing run; rebuilds its SQLite index if it differs from the candidate files."""
+        root = Path(runs_dir) / run_id
+        if not _RUN_ID.fullmatch(run_id) or not root.is_dir():
+            raise RunNotFound(f"run {run_id!r} not found in {runs_dir}")
+        store = cls(root)
+        try:
+            if not isinstance(store.manifest, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError):
+            raise RunNotFound(f"run {run_id!r} in {runs_dir} has no valid manifest") from None
+        if not store._in_sync():
+            store.reindex()
+        return store
+
+    @staticmethod
+    def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
+        """Every run under ``runs_dir``, newest first: ``id``, ``created``, ``candidates`` (count)
+        and ``best`` (the state's ``"best"``). Folders without a valid manifest are skipped."""
+        runs: list[dict[str, Any]] = []
+        for root in sorted(Path(runs_dir).iterdir()) if Path(runs_dir).is_dir() else []:
+            store = RunStore(root)
+            try:
+                created = store.manifest.get("created")
+                count = len(store._meta_paths())
+                best = store.load_state().get("best")
+            except (OSError, ValueError, AttributeError):
+                continue  # no manifest (an `evolve eval` folder, say), or not a JSON object
+            runs.append({"id": root.name, "created": created, "candidates": count, "best": best})
+        return sorted(runs, key=lambda r: float(r["created"] or 0), reverse=True)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        manifest: dict[str, Any] = json.loads((self.root / "manifest.json").read_bytes())
+        return manifest
+
+    # --- candidates ---
+
+    def add_candidate(
+        self, source: str, *, parents: list[str], stage: str, capability: str | None, message: str
+    ) -> CandidateMeta:
+        """Store a new candidate (status ``proposed``) and return its metadata; files and index
+        row are written before it returns. If the run already holds this exact source
+        (same sha256), the existing candidate's metadata is returned and nothing is written.
+        Parents may be given by unique prefix; they are stored as full ids."""
+        data = source.encode("utf-8")
+        sha = hashlib.sha256(data).hexdigest()
+        for path in self._candidates.glob(f"c*-{sha[:8]}.json"):
+            existing = CandidateMeta.model_validate_json(path.read_bytes())
+            if existing.source_sha256 == sha:
+                return existing
+        fields = dict(stage=stage, capability=capability, message=message, source_sha256=sha)
+        draft = CandidateMeta.model_validate(  # validated before a number is taken
+            scrub_secrets(fields)
+            | dict(id="", number=-1, parents=[self._resolve(p) for p in parents])
+            | dict(status="proposed", sandbox=None, scores={}, usage={}, seconds=0.0)
+            | dict(created=time.time())
+        )
+        number = self._claim_number()
+        meta = draft.model_copy(update={"id": f"c{number:04d}-{sha[:8]}", "number": number})
+        _write_atomic(self._candidates / f"{meta.id}.py", data)
+        self._write_meta(meta)
+        return meta
+
+    def update(self, candidate_id: str, **fields: Any) -> CandidateMeta:
+        """Change some fields (validated; ``id``, ``number`` and ``source_sha256`` are fixed)."""
+        fixed = _IMMUTABLE & fields.keys()
+        if fixed:
+            raise ValueError(f"cannot change {', '.join(sorted(fixed))} of a candidate")
+        old = self.get(candidate_id)
+        meta = CandidateMeta.model_validate(scrub_secrets({**old.model_dump(), **fields}))
+        self._write_meta(meta)
+        return meta
+
+    def get(self, candidate_id: str) -> CandidateMeta:
+        """A candidate by id or unique prefix (``"c0007"``); CandidateNotFound otherwise."""
+        return CandidateMeta.model_validate_json(self._meta_path(candidate_id).read_bytes())
+
+    def source(self, candidate_id: str) -> str:
+        """The candidate's source, byte for byte as added."""
+        return self._meta_path(candidate_id).with_suffix(".py").read_bytes().decode()
+
+    def candidates(self) -> list[CandidateMeta]:
+        """Every candidate, in creation order."""
+        return [CandidateMeta.model_validate_json(p.read_bytes()) for p in self._meta_paths()]
+
+    def reindex(self) -> None:
+        """Rebuild the SQLite ``candidates`` table from ``candidates/*.json`` (events are kept)."""
+        texts = [p.read_bytes().decode() for p in self._meta_paths()]
+        rows = [_row(CandidateMeta.model_validate_json(t), t) for t in texts]
+        with self._db() as conn:
+            conn.execute("DELETE FROM candidates")
+            conn.executemany(_UPSERT, rows)
+
+    # --- events and state ---
+
+    def log_event(self, kind: str, **data: Any) -> None:
+        """Append an event (``data`` must be JSON; it is scrubbed of secrets)."""
+        text = json.dumps(scrub_secrets(data), ensure_ascii=False)
+        with self._db() as conn:
+            conn.execute(
+                "INSERT INTO events (ts, kind, data) VALUES (?, ?, ?)", (time.time(), kind, text)
+            )
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Events in logging order, each ``{"id", "ts", "kind", "data"}``; optionally one kind."""
+        sql = "SELECT id, ts, kind, data FROM events"
+        args: tuple[str, ...] = ()
+        if kind is not None:
+            sql, args = sql + " WHERE kind = ?", (kind,)
+        with self._db() as conn:
+            rows = conn.execute(sql + " ORDER BY id", args).fetchall()
+        return [{"id": i, "ts": ts, "kind": k, "data": json.loads(d)} for i, ts, k, d in rows]
+
+    def load_state(self) -> dict[str, Any]:
+        """The loop's saved cursor, ``{}`` before the first :meth:`save_state`."""
+        try:
+            state: dict[str, Any] = json.loads((self.root / "state.json").read_bytes())
+        except FileNotFoundError:
+            return {}
+        return state
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        """Replace ``state.json`` atomically; TypeError if ``state`` is not JSON."""
+        _write_atomic(self.root / "state.json", _dump(state))
+
+    # --- internals ---
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """A fresh connection for one transaction (committed on success), closed afterwards.
+
+        Not :func:`evolve.models.sqlite_connection`: that keeps one connection per file for the
+        process's lifetime, which would keep writing to an index file that was deleted.
+        """
+        if not self._index.exists():  # a stale WAL must not be replayed into a new index
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self._index}{suffix}").unlink(missing_ok=True)
+        conn = sqlite3.connect(self._index, timeout=BUSY_TIMEOUT_S)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(SCHEMA)
+            with conn:
+                yield conn
+        finally:
+            conn.close()
+
+    def _meta_paths(self) -> list[Path]:
+        """The candidates' ``.json`` files in number order (temporary files never match)."""
+        found = [(_META_FILE.fullmatch(p.name), p) for p in self._candidates.iterdir()]
+        return [p for m, p in sorted((int(m[1]), p) for m, p in found if m)]
+
+    def _resolve(self, candidate_id: str) -> str:
+        path = self._candidates / f"{candidate_id}.json"
+        if _META_FILE.fullmatch(path.name) and path.is_file():
+            return candidate_id
+        ids = [p.name[:-5] for p in self._meta_paths()]
+        matches = [i for i in ids if candidate_id and i.startswith(candidate_id)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise CandidateNotFound(f"no candidate {candidate_id!r} in run {self.run_id}")
+        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+        shown = ", ".join(matches[:5]) + more
+        raise CandidateNotFound(
+            f"candidate {candidate_id!r} is ambiguous in run {self.run_id}: {shown}"
+        )
+
+    def _meta_path(self, candidate_id: str) -> Path:
+        return self._candidates / f"{self._resolve(candidate_id)}.json"
+
+    def _claim_number(self) -> int:
+        number = len(self._meta_paths())
+        self._claims.mkdir(exist_ok=True)
+        while True:
+            try:
+                os.close(os.open(self._claims / f"c{number:04d}", _CREATE_NEW))
+                if not any(self._candidates.glob(f"c{number:04d}-*.json")):  # claims/ was lost
+                    return number
+            except FileExistsError:
+                pass  # taken by another writer, or by one that crashed: a gap, never a reuse
+            number += 1
+
+    def _write_meta(self, meta: CandidateMeta) -> None:
+        text = meta.model_dump_json(indent=2)
+        _write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
+        with self._db() as conn:
+            conn.execute(_UPSERT, _row(meta, text))
+
+    def _in_sync(self) -> bool:
+        files = {p.name[:-5]: p.read_bytes().decode() for p in self._meta_paths()}
+        with self._db() as conn:
+            rows = dict(conn.execute("SELECT id, meta FROM candidates").fetchall())
+        return files == rows
