@@ -10,6 +10,7 @@ are stored as they are produced. ``check`` exits 1 when a program fails a tier.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -95,6 +96,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    run = sub.add_parser("run", help="evolve a memory program (offline: its tunable constants)")
+    run.add_argument("--bench", default="beam", choices=["beam"], help="benchmark")
+    run.add_argument(
+        "--seed", type=Path, default=None, help="starting program (default seeds/hybrid.py offline)"
+    )
+    run.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    run.add_argument("--model", default="none", help="coder/task LLM; only 'none' works so far")
+    run.add_argument(
+        "--rounds",
+        default="2,6,2",
+        help="rounds of cold start, refinement, integration (default 2,6,2)",
+    )
+    run.add_argument(
+        "--conversations",
+        type=int,
+        default=None,
+        help="use only the first N conversations of train and valid (quick runs)",
+    )
+    run.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run")
+    run.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
+        help="where run folders go (default programs/ or $EVOLVE_RUNS)",
+    )
+    run.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="stage, embedding and LLM caches (default ~/.cache/prismem)",
+    )
+    run.add_argument(
+        "--embedder",
+        default="minilm",
+        choices=["minilm", "hashing"],
+        help="'hashing' is a test double: never use it for real results",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     chk = sub.add_parser("check", help="run the sandbox's four tiers on a program file")
     chk.add_argument("file", type=Path, help="memory program file (.py)")
     chk.add_argument("--parent", type=Path, help="the program it was patched from")
@@ -117,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args)
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "run":
+            return cmd_run(args)
         return cmd_fetch(args)
     except (UsageError, DataError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)
@@ -184,6 +227,67 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from evolve.evolution.loop import Evolution, RunConfig, fitness
+    from evolve.evolution.store import RunNotFound, RunStore
+    from evolve.executor import EvalError
+
+    if args.model.lower() not in ("none", ""):
+        raise UsageError("the LLM coder is not built yet: run offline (--model none)")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    try:
+        counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
+    except ValueError:
+        counts = []
+    if len(counts) != 3 or min(counts) < 0:
+        raise UsageError("--rounds takes three non-negative numbers, e.g. 2,6,2")
+    rounds = dict(zip(("cold_start", "refinement", "integration"), counts, strict=True))
+    if args.resume:
+        try:
+            store = RunStore.open(args.runs_dir, args.resume)
+        except RunNotFound as exc:
+            raise UsageError(str(exc)) from None
+        config = RunConfig(**store.manifest["config"])
+        if args.rounds:  # a higher cap for a resumed run (recorded in its state, not manifest)
+            config = dataclasses.replace(config, rounds=rounds)
+    else:
+        seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / "hybrid.py"
+        if not Path(seed).is_file():
+            raise UsageError(f"seed program {seed} not found")
+        config = RunConfig(
+            data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
+            cache_dir=str(args.cache_dir or default_cache_dir()),
+            rounds=rounds,
+            jobs=args.jobs, embedder=args.embedder, conversations=args.conversations,
+        )  # fmt: skip
+        manifest = {"bench": args.bench, "config": config.as_json(),
+                    "models": {"task": None, "coder": None}}  # fmt: skip
+        store = RunStore.create(args.runs_dir, manifest)
+    err.print(f"[bold yellow]no model configured — offline evolution:[/] the offline proposer "
+              f"mutates {Path(config.seed_program).name}'s tunable constants, scored by offline "
+              f"retrieval metrics (run {store.run_id})")  # fmt: skip
+    with _progress(sum(config.rounds.values()), not args.no_progress, "rounds") as advance:
+        done = [0]
+
+        def progress(description: str, finished: int, total: int) -> None:
+            advance(finished - done[0])
+            done[0] = finished
+
+        try:
+            best = Evolution(store, config, progress).run()
+        except EvalError as exc:
+            raise UsageError(str(exc)) from None
+    seed_meta = store.candidates()[0]
+    for label, meta in (("seed", seed_meta), ("best", best)):
+        v = meta.scores["valid"]["overall"]
+        sim, hit = v["evidence_similarity"], v["evidence_hit_rate"]
+        out.print(f"{label} {meta.id}: valid fitness {fitness(v):.3f} "
+                  f"(similarity {sim:.3f}, hit rate {hit:.3f})")  # fmt: skip
+    out.print(f"run {store.run_id}: {len(store.candidates())} candidates in {store.root}")
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from sandbox.check import check_program
 
@@ -237,9 +341,9 @@ def _confirm_fetch(exc: DataError) -> bool:
 class _progress:
     """A rich progress bar over questions (or nothing), as a context manager yielding advance()."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, label: str = "evaluating") -> None:
         self.total, self.enabled = total, enabled
-        self.bar = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(),
+        self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
 
     def __enter__(self) -> Any:
