@@ -8,6 +8,8 @@ their counters, scores every question here with :mod:`evolve.scoring.offline` (s
 never shares a process with a candidate), and writes per-question traces.
 
 Invariants:
+- No program is evaluated before it has passed the sandbox (:func:`sandbox.check.check_program`)
+  in this process.
 - A failing conversation (program error, crashed worker) fails only its own questions; they
   score 0 on every metric they have and carry the error in their trace.
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
@@ -41,6 +43,7 @@ from evolve.worker import (
 from sandbox.check import check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
+_PASSED: set[str] = set()  # digests of sources that passed the sandbox in this process
 
 
 class EvalError(Exception):
@@ -82,9 +85,12 @@ def evaluate(
     except SyntaxError as exc:
         raise EvalError(f"{program_path}, line {exc.lineno}: syntax error: {exc.msg}") from None
     started = time.perf_counter()
-    sandbox = check_program(source, str(program_path))
-    if not sandbox.passed:
-        raise EvalError(f"{program_path}: {sandbox.repair_text()}")
+    digest = source_digest(source)
+    if digest not in _PASSED:  # the check is deterministic: once per source and process
+        sandbox = check_program(source, str(program_path))
+        if not sandbox.passed:
+            raise EvalError(f"{program_path}: {sandbox.repair_text()}")
+        _PASSED.add(digest)
     pool = _pool(jobs)
     results = _run_jobs(pool, source, str(program_path), tasks, config, on_progress)
 
