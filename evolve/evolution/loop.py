@@ -11,7 +11,8 @@ it in the run store. Selection never reads the test split.
   Both are derived from the store, never kept separately, so they cannot drift from it.
 - **Cold start** revises the best program with no target; **refinement** targets the best
   program's weakest capability on train; **integration** crosses the best program with each
-  specialist in turn (falling back to a plain proposal when they do not differ).
+  specialist in turn (falling back to a plain proposal when they do not differ). A round looks
+  for a child the run does not hold yet (a crossover can reproduce a parent).
 
 Resume invariants: the state (``state.json``) holds only the round counters and is saved after
 each finished round. Proposals are deterministic in (seed, round, target), and the store
@@ -22,6 +23,7 @@ evaluated again.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from evolve.worker import WorkerConfig
 from sandbox.check import check_program
 
 STAGES = ("cold_start", "refinement", "integration")
+ATTEMPTS = 5  # proposals tried per round before accepting one the run already holds
 SPLITS = ("train", "valid")
 
 
@@ -173,18 +176,31 @@ class Evolution:
         target: str | None,
         round_no: int,
     ) -> tuple[Proposal, list[str]]:
+        """A child that is new to the run (up to :data:`ATTEMPTS` tries, deterministically)."""
+        # A candidate still "proposed" is this round's own child from before an interruption:
+        # it must be proposed again, so it does not count as known.
+        known = {c.source_sha256 for c in self.store.candidates() if c.status != "proposed"}
+
+        def new(proposal: Proposal) -> bool:
+            return hashlib.sha256(proposal.source.encode()).hexdigest() not in known
+
         if stage == "integration":
             others = [s for s in specialists(self.store.candidates()).values() if s.id != parent.id]
-            if others:
-                other = others[round_no % len(others)]
+            for k in range(len(others)):
+                other = others[(round_no + k) % len(others)]
                 try:
                     proposal = self.proposer.crossover(
                         parent_source, self.store.source(other.id), round_no
                     )
-                    return proposal, [parent.id, other.id]
                 except ValueError:
-                    pass
-        return self.proposer.propose(parent_source, target, round_no), [parent.id]
+                    continue
+                if new(proposal):
+                    return proposal, [parent.id, other.id]
+        for attempt in range(ATTEMPTS):
+            proposal = self.proposer.propose(parent_source, target, round_no + 1000 * attempt)
+            if new(proposal):
+                break
+        return proposal, [parent.id]
 
     def evaluate(self, candidate: CandidateMeta, parent_source: str | None) -> None:
         """Sandbox, then train and valid; a candidate already judged is left as it is."""
