@@ -56,57 +56,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate one memory program on a benchmark split")
     ev.add_argument("--program", required=True, type=Path, help="memory program file (.py)")
-    ev.add_argument("--bench", default="beam", choices=["beam"], help="benchmark")
     ev.add_argument(
         "--split",
         default="valid",
         help="train | valid | holdout | test | all | all:<size> (e.g. all:1M)",
     )
-    ev.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     ev.add_argument(
         "--model",
         default="none",
         help="task LLM as a litellm id, or 'none' for offline retrieval-only mode",
     )
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    ev.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ev.add_argument(
-        "--runs-dir",
-        type=Path,
-        default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
-        help="where run folders go (default programs/ or $EVOLVE_RUNS)",
-    )
-    ev.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="stage, embedding and LLM caches (default ~/.cache/prismem or $EVOLVE_CACHE)",
-    )
     ev.add_argument(
         "--hit-threshold",
         type=float,
         default=None,
         help="cosine at which an evidence message counts as retrieved (default 0.8)",
     )
-    ev.add_argument(
-        "--embedder",
-        default="minilm",
-        choices=["minilm", "hashing"],
-        help="'hashing' is a test double: never use it for real results",
-    )
-    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(ev)
 
     run = sub.add_parser("run", help="evolve a memory program (offline: its tunable constants)")
-    run.add_argument("--bench", default="beam", choices=["beam"], help="benchmark")
     run.add_argument(
         "--seed", type=Path, default=None, help="starting program (default seeds/hybrid.py offline)"
     )
-    run.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     run.add_argument("--model", default="none", help="coder/task LLM; only 'none' works so far")
     run.add_argument(
         "--rounds",
-        default="2,6,2",
-        help="rounds of cold start, refinement, integration (default 2,6,2)",
+        default=None,
+        help="rounds of cold start, refinement, integration (default 2,6,2); with "
+        "--resume, raises the run's caps",
     )
     run.add_argument(
         "--conversations",
@@ -114,27 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use only the first N conversations of train and valid (quick runs)",
     )
-    run.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run")
-    run.add_argument(
-        "--runs-dir",
-        type=Path,
-        default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
-        help="where run folders go (default programs/ or $EVOLVE_RUNS)",
-    )
-    run.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="stage, embedding and LLM caches (default ~/.cache/prismem)",
-    )
-    run.add_argument(
-        "--embedder",
-        default="minilm",
-        choices=["minilm", "hashing"],
-        help="'hashing' is a test double: never use it for real results",
-    )
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(run)
 
     chk = sub.add_parser("check", help="run the sandbox's four tiers on a program file")
     chk.add_argument("file", type=Path, help="memory program file (.py)")
@@ -148,6 +107,32 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     fetch.add_argument("--sizes", default="100K,1M", help="comma-separated: 100K,500K,1M,10M")
     return parser
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that evaluate programs on a benchmark."""
+    parser.add_argument("--bench", default="beam", choices=["beam"], help="benchmark")
+    parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
+        help="where run folders go (default programs/ or $EVOLVE_RUNS)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="stage, embedding and LLM caches (default ~/.cache/prismem or $EVOLVE_CACHE)",
+    )
+    parser.add_argument(
+        "--embedder",
+        default="minilm",
+        choices=["minilm", "hashing"],
+        help="'hashing' is a test double: never use it for real results",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except RunNotFound as exc:
             raise UsageError(str(exc)) from None
         config = RunConfig(**store.manifest["config"])
-        if args.rounds:  # a higher cap for a resumed run (recorded in its state, not manifest)
+        if args.rounds:  # a higher cap for this resumption; the manifest keeps the original
             config = dataclasses.replace(config, rounds=rounds)
     else:
         seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / "hybrid.py"
