@@ -40,7 +40,7 @@ from evolve.worker import (
     make_embedder,
     run_conversation,
 )
-from sandbox.check import check_program
+from sandbox.check import CheckReport, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
 _PASSED: set[str] = set()  # digests of sources that passed the sandbox in this process
@@ -85,12 +85,10 @@ def evaluate(
     except SyntaxError as exc:
         raise EvalError(f"{program_path}, line {exc.lineno}: syntax error: {exc.msg}") from None
     started = time.perf_counter()
-    digest = source_digest(source)
-    if digest not in _PASSED:  # the check is deterministic: once per source and process
-        sandbox = check_program(source, str(program_path))
+    if source_digest(source) not in _PASSED:
+        sandbox = sandbox_check(source, str(program_path))
         if not sandbox.passed:
             raise EvalError(f"{program_path}: {sandbox.repair_text()}")
-        _PASSED.add(digest)
     pool = _pool(jobs)
     results = _run_jobs(pool, source, str(program_path), tasks, config, on_progress)
 
@@ -144,6 +142,15 @@ def evaluate(
         work=_sum_work(results.values()),
         traces=traces,
     )
+
+
+def sandbox_check(source: str, path: str, parent_source: str | None = None) -> CheckReport:
+    """Run the sandbox on a source and remember a pass, so that :func:`evaluate` does not
+    check it again in this process (the check is deterministic in the source)."""
+    report = check_program(source, path, parent_source)
+    if report.passed:
+        _PASSED.add(source_digest(source))
+    return report
 
 
 def _pool(jobs: int) -> Any:

@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -444,6 +445,7 @@ def run_conversation(
     return ConversationResult(conv.id, traces, run.counters, usage, run.seconds, embedding)
 
 
+@functools.lru_cache(maxsize=64)  # called for every LLM prompt: parse each source once
 def _instruction(source: str, name: str) -> str:
     """An instruction string read from the source without running it (a literal assignment)."""
     for node in ast.parse(source).body:

@@ -33,9 +33,8 @@ from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import CAPABILITIES, TaskSet
 from evolve.evolution.offline import OfflineProposer, Proposal
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, evaluate
+from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.worker import WorkerConfig
-from sandbox.check import check_program
 
 STAGES = ("cold_start", "refinement", "integration")
 ATTEMPTS = 5  # proposals tried per round before accepting one the run already holds
@@ -207,7 +206,7 @@ class Evolution:
         if candidate.status in ("evaluated", "rejected", "failed"):
             return
         source = self.store.source(candidate.id)
-        report = check_program(source, candidate.id, parent_source)
+        report = sandbox_check(source, candidate.id, parent_source)
         if not report.passed:
             self.store.update(
                 candidate.id,

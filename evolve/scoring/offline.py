@@ -95,13 +95,14 @@ class OfflineScorer:
     def score(self, items: Sequence[ScoreInput]) -> list[dict[str, float | None]]:
         """Metrics for each item; one batched embedding call for all texts involved."""
         texts: list[str] = []
-        for item in items:
+        retrieved_blocks = [blocks(item.retrieved) for item in items]
+        for item, item_blocks in zip(items, retrieved_blocks, strict=True):
             texts.extend(item.evidence)
-            texts.extend(blocks(item.retrieved))
+            texts.extend(item_blocks)
         vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
         out, pos = [], 0
-        for item in items:
-            n_e, n_w = len(item.evidence), len(blocks(item.retrieved))
+        for item, item_blocks in zip(items, retrieved_blocks, strict=True):
+            n_e, n_w = len(item.evidence), len(item_blocks)
             ev, win = vectors[pos : pos + n_e], vectors[pos + n_e : pos + n_e + n_w]
             pos += n_e + n_w
             out.append(self._one(item, ev, win))
