@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--parent", type=Path, help="the program it was patched from")
     chk.add_argument("--json", action="store_true", help="print one JSON object")
 
+    from evolve import runs_cli
+
+    runs_cli.add_commands(sub)
+
     data = sub.add_parser("data", help="benchmark data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="download a benchmark release into the data dir")
@@ -145,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command != "data":
+            from evolve import runs_cli
+
+            return runs_cli.dispatch(args)
         return cmd_fetch(args)
     except (UsageError, DataError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)

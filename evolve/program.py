@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+CONTRACT_VERSION = "1"  # bump when a program valid under the old contract may not be now
 OUT_CHAR_BUDGET = 16_000
 
 INSTRUCTIONS = ("EXTRACTION_INSTRUCTION", "PLANNING_INSTRUCTION", "ANSWER_INSTRUCTION")

@@ -60,6 +60,7 @@ class WorkerConfig:
     stage_label: str = "eval"
     max_complete_calls: int = 8
     step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
+    calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through
     # ScriptedLLM instead of litellm. Never set from the command line.
     script: Callable[..., str] | None = None
@@ -103,7 +104,8 @@ def make_llm(config: WorkerConfig) -> LLMClient | None:
     if config.task_model is None:
         return None
     root = Path(config.cache_dir)
-    log, cache = root / "llm-calls.sqlite", root / "llm-cache.sqlite"
+    log = Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
+    cache = root / "llm-cache.sqlite"
     models = Models(task=config.task_model)
     if config.script is not None:
         return ScriptedLLM(config.script, models, log_path=log, cache_path=cache)

@@ -141,7 +141,7 @@ def test_negative_literals() -> None:
     assert (named["TILT"].low, named["TILT"].high) == (-1.0, 0.0)
     parent = program(source, "OFFSET")
     for round_no in range(20):
-        child = OfflineProposer().propose(parent, None, round_no)
+        child = OfflineProposer().mutate(parent, None, round_no)
         new = by_name(child.source)["OFFSET"].value
         assert child.changes == {"OFFSET": (-3, new)} and -10 <= new <= 5
         ast.parse(child.source)
@@ -152,7 +152,7 @@ def test_annotated_assignment_and_multibyte_columns() -> None:
     [limit] = tunables(source)
     assert (limit.name, limit.value, limit.low, limit.high) == ("LIMIT", 12, 1, 20)
     assert literal_text(source, limit) == "12"
-    child = OfflineProposer().propose(program(source, "LIMIT, S"), None, 0)
+    child = OfflineProposer().mutate(program(source, "LIMIT, S"), None, 0)
     assert "# (range 1-20)" in child.source
     assert f'S = "é"; LIMIT: int = {child.changes["LIMIT"][1]}  #' in child.source
 
@@ -162,18 +162,18 @@ def test_annotated_assignment_and_multibyte_columns() -> None:
 
 def test_proposals_are_deterministic() -> None:
     for target in (None, "M", "F"):
-        first = OfflineProposer(seed=3).propose(HYBRID, target, 7)
-        assert OfflineProposer(seed=3).propose(HYBRID, target, 7) == first
-    sources = {OfflineProposer(seed=3).propose(HYBRID, "M", r).source for r in range(12)}
+        first = OfflineProposer(seed=3).mutate(HYBRID, target, 7)
+        assert OfflineProposer(seed=3).mutate(HYBRID, target, 7) == first
+    sources = {OfflineProposer(seed=3).mutate(HYBRID, "M", r).source for r in range(12)}
     assert len(sources) >= 8
-    assert OfflineProposer(seed=4).propose(HYBRID, "M", 7) != first
+    assert OfflineProposer(seed=4).mutate(HYBRID, "M", 7) != first
 
 
 def test_two_hundred_proposals_stay_valid() -> None:
     parent_ranges = by_name(HYBRID)
     proposer = OfflineProposer(seed=1)
     targets = (None, "F", "T", "P", "M", "A")
-    children = [proposer.propose(HYBRID, targets[r % len(targets)], r) for r in range(200)]
+    children = [proposer.mutate(HYBRID, targets[r % len(targets)], r) for r in range(200)]
     for child in children:
         assert child.message.startswith("offline: ") and "\n" not in child.message
         assert 1 <= len(child.changes) <= 2
@@ -208,7 +208,7 @@ def test_guided_moves_mostly_go_the_preferred_way(target: str) -> None:
     preferred = dict(GUIDANCE[target])
     for round_no in range(200):
         for name, (old, new) in (
-            OfflineProposer().propose(HYBRID_MID, target, round_no).changes.items()
+            OfflineProposer().mutate(HYBRID_MID, target, round_no).changes.items()
         ):
             if name in preferred:
                 moves[name, (new > old) == (preferred[name] > 0)] += 1
@@ -220,7 +220,7 @@ def test_guided_moves_mostly_go_the_preferred_way(target: str) -> None:
 def test_guidance_for_multi_session_synthesis() -> None:
     ups = downs = 0
     for round_no in range(200):
-        changes = OfflineProposer().propose(HYBRID, "M", round_no).changes
+        changes = OfflineProposer().mutate(HYBRID, "M", round_no).changes
         if "TOP_K" in changes:
             ups += changes["TOP_K"][1] > 80
             downs += changes["TOP_K"][1] < 80
@@ -231,10 +231,10 @@ def test_guidance_for_multi_session_synthesis() -> None:
 
 def test_bool_flips() -> None:
     parent = program("FLAG = True  # (bool)", "FLAG")
-    child = OfflineProposer().propose(parent, "T", 0)
+    child = OfflineProposer().mutate(parent, "T", 0)
     assert child.changes == {"FLAG": (True, False)}
     assert "FLAG = False  # (bool)" in child.source
-    back = OfflineProposer().propose(child.source, None, 1)
+    back = OfflineProposer().mutate(child.source, None, 1)
     assert back.source == parent
 
 
@@ -242,15 +242,15 @@ def test_nothing_can_change() -> None:
     stuck = program("PINNED = 5  # (range 5-5)\nUNUSED = 3  # (range 0-9)", "PINNED")
     for source in (stuck, program("NAME = 'x'", "NAME")):
         with pytest.raises(ValueError, match="no tunable constant can change"):
-            OfflineProposer().propose(source, "M", 0)
+            OfflineProposer().mutate(source, "M", 0)
     with pytest.raises(ValueError, match="unknown capability"):
-        OfflineProposer().propose(HYBRID, "Z", 0)
+        OfflineProposer().mutate(HYBRID, "Z", 0)
 
 
 def test_unused_constants_are_never_moved() -> None:
     parent = program("USED = 3  # (range 0-9)\nUNUSED = 3  # (range 0-9)", "USED")
     for round_no in range(20):
-        assert list(OfflineProposer().propose(parent, None, round_no).changes) == ["USED"]
+        assert list(OfflineProposer().mutate(parent, None, round_no).changes) == ["USED"]
 
 
 # --- crossover -------------------------------------------------------------------------------

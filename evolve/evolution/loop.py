@@ -1,8 +1,10 @@
 """The evolution loop: cold start, capability refinement, trace-guided integration (design §4).
 
-One round = propose a child (:mod:`evolve.evolution.offline` here; the LLM coder comes with its
-own module), check it in the sandbox, evaluate it on train and valid with stage reuse, and file
-it in the run store. Selection never reads the test split.
+One round = ask the proposer for a child (:class:`~evolve.evolution.proposer.Proposer`: the LLM
+coder when a coder model is configured, else the offline proposer), check it in the sandbox
+(up to :data:`~evolve.evolution.proposer.REPAIRS` repair attempts fed by the error), evaluate
+it on train and valid with stage reuse, and file it in the run store. Selection never reads
+the test split.
 
 - **Fitness** of a score block (overall or one capability) is the mean of evidence similarity
   and evidence hit rate (:func:`fitness`), the offline retrieval signal.
@@ -10,20 +12,28 @@ it in the run store. Selection never reads the test split.
   capability c = the one with the highest valid fitness on c (ties: the earlier candidate).
   Both are derived from the store, never kept separately, so they cannot drift from it.
 - **Cold start** revises the best program with no target; **refinement** targets the best
-  program's weakest capability on train; **integration** crosses the best program with each
-  specialist in turn (falling back to a plain proposal when they do not differ). A round looks
-  for a child the run does not hold yet (a crossover can reproduce a parent).
+  program's weakest capability on train; **integration** merges the best program with the
+  specialists (the offline proposer crosses constants over; the coder merges code).
+- A child that fails the sandbox after its repairs is filed as ``rejected`` with the sandbox
+  report; a round whose proposals never produced a program files nothing and logs
+  ``proposal_failed``. Each candidate records the errors of its round's earlier attempts and
+  what its proposal and evaluation spent.
 
-Resume invariants: the state (``state.json``) holds only the round counters and is saved after
-each finished round. Proposals are deterministic in (seed, round, target), and the store
-returns the existing candidate for a source it already holds, so a round interrupted anywhere —
-even by SIGKILL — is replayed to the same candidate, and an evaluated candidate is never
-evaluated again.
+Budget: before each round :meth:`~evolve.evolution.budget.Budget.stop_reason` is asked; when a
+cap would be passed the run stops cleanly (:attr:`Evolution.stopped`) and resumes later with a
+higher cap. Spend lives in the run's call log, so it is never reset.
+
+Resume invariants: the state (``state.json``) holds the round counters and what each round
+spent, and is saved after each finished round. Proposals are deterministic in the request
+(offline: seeded; coder: its replies come from the request cache on a replay), and the store
+returns the existing candidate for a source it already holds, so a round interrupted
+anywhere — even by SIGKILL — is replayed to the same candidate, and an evaluated candidate is
+never evaluated again.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +41,20 @@ from typing import Any
 
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import CAPABILITIES, TaskSet
-from evolve.evolution.offline import OfflineProposer, Proposal
+from evolve.evolution.budget import Budget, Tally, calls_path, read_spend
+from evolve.evolution.cases import failing_cases
+from evolve.evolution.coder import CoderProposer
+from evolve.evolution.offline import OfflineProposer
+from evolve.evolution.proposer import REPAIRS, Program, Proposal, Proposer, Request
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
+from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.worker import WorkerConfig
+from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
-ATTEMPTS = 5  # proposals tried per round before accepting one the run already holds
 SPLITS = ("train", "valid")
+HISTORY = 8  # earlier revisions shown to the proposer
 
 
 @dataclass(frozen=True)
@@ -55,9 +71,17 @@ class RunConfig:
     rng_seed: int = 0
     embedder: str = "minilm"
     conversations: int | None = None  # only the first N conversations of each split (quick runs)
+    task_model: dict[str, Any] | None = None  # a ModelConfig as JSON; None = offline retrieval
+    coder_model: dict[str, Any] | None = None  # None = the offline proposer
+    max_usd: float | None = None
+    max_tokens: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.max_usd, self.max_tokens)
 
 
 def fitness(block: dict[str, Any] | None) -> float:
@@ -95,19 +119,41 @@ Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds 
 
 
 class Evolution:
-    """Runs (or resumes) the loop of one run store."""
+    """Runs (or resumes) the loop of one run store.
 
-    def __init__(self, store: RunStore, config: RunConfig, progress: Progress | None = None):
+    ``coder`` replaces the client built from ``config.coder_model`` (tests pass a
+    :class:`~evolve.models.testing.ScriptedLLM` logging to the run's call log); ``task_script``
+    makes the evaluation workers answer task prompts from a script (tests only).
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        config: RunConfig,
+        progress: Progress | None = None,
+        *,
+        coder: LLMClient | None = None,
+        task_script: Callable[..., str] | None = None,
+    ) -> None:
         self.store = store
         self.config = config
         self.progress = progress or (lambda *_: None)
-        self.proposer = OfflineProposer(config.rng_seed)
-        self.worker = WorkerConfig(
-            cache_dir=config.cache_dir,
-            task_model=None,
-            embedder=config.embedder,
-            stage_label="evolve",
+        self.stopped: str | None = None  # why the run stopped before its last round
+        if coder is None and config.coder_model is not None:
+            coder = LLMClient(
+                Models(coder=ModelConfig(**config.coder_model)),
+                log_path=calls_path(store.root),
+                cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
+            )
+        self.coder = coder
+        self.proposer: Proposer = (
+            CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
         )
+        task = ModelConfig(**config.task_model) if config.task_model else None
+        self.worker = WorkerConfig(
+            cache_dir=config.cache_dir, task_model=task, embedder=config.embedder,
+            stage_label="evolve", script=task_script, calls_log=str(calls_path(store.root)),
+        )  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
 
     def tasks(self, split: str) -> TaskSet:
@@ -122,7 +168,7 @@ class Evolution:
         return self._tasks[split]
 
     def run(self) -> CandidateMeta:
-        """Run every remaining round; returns the best program overall."""
+        """Run every remaining round (or until a budget cap); returns the best program overall."""
         seed_source = Path(self.config.seed_program).read_text()
         seed = self.store.add_candidate(
             seed_source,
@@ -131,82 +177,133 @@ class Evolution:
             capability=None,
             message=f"seed {Path(self.config.seed_program).name}",
         )
-        self.evaluate(seed, parent_source=None)
+        self.evaluate(seed, None)
         if self.store.get(seed.id).status != "evaluated":
             raise EvalError(f"the seed program failed: {self.store.get(seed.id).message}")
         state = self.store.load_state()
         rounds = dict(state.get("rounds", {}))
+        costs: list[dict[str, float]] = list(state.get("round_costs", []))
         total = sum(self.config.rounds.values())
         for stage in STAGES:
             while rounds.get(stage, 0) < self.config.rounds.get(stage, 0):
                 done = sum(rounds.values())
-                self.progress(f"{stage} round {rounds.get(stage, 0) + 1}", done, total)
+                before = read_spend(self.store.root).total
+                self.stopped = self.config.budget.stop_reason(read_spend(self.store.root), costs)
+                if self.stopped:
+                    self.store.log_event("budget_stop", reason=self.stopped, round=done)
+                    return self._best()
+                money = f" · ${before.cost_usd:.4f}" if before.calls else ""
+                self.progress(f"{stage} {rounds.get(stage, 0) + 1}{money}", done, total)
                 self.round(stage, done)
+                after = read_spend(self.store.root).total
+                costs.append({"usd": after.cost_usd - before.cost_usd,
+                              "tokens": after.tokens - before.tokens})  # fmt: skip
                 rounds[stage] = rounds.get(stage, 0) + 1
                 best = best_overall(self.store.candidates())
-                self.store.save_state({"rounds": rounds, "best": best.id if best else None})
+                self.store.save_state({"rounds": rounds, "best": best.id if best else None,
+                                       "round_costs": costs})  # fmt: skip
         self.progress("done", total, total)
+        return self._best()
+
+    def _best(self) -> CandidateMeta:
         best = best_overall(self.store.candidates())
         assert best is not None  # the seed is evaluated
         return best
 
-    def round(self, stage: str, round_no: int) -> None:
+    def request(self, stage: str, round_no: int) -> Request:
+        """What the proposer sees this round (train only; never valid cases, never test)."""
         candidates = self.store.candidates()
         parent = best_overall(candidates)
         assert parent is not None
-        parent_source = self.store.source(parent.id)
         target = weakest(parent) if stage == "refinement" else None
-        proposal, parents = self.propose(stage, parent, parent_source, target, round_no)
+        traces = self.store.traces(parent.id, "train")
+        others: dict[str, CandidateMeta] = {}
+        if stage == "integration":
+            others = {s.id: s for s in specialists(candidates).values() if s.id != parent.id}
+        by_id = {c.id: c for c in candidates}
+        history = []
+        for c in candidates[1:][-HISTORY:]:
+            valid = fitness(c.scores["valid"]["overall"]) if c.status == "evaluated" else None
+            before = by_id[c.parents[0]] if c.parents and c.parents[0] in by_id else None
+            delta = None
+            if valid is not None and before is not None and before.status == "evaluated":
+                delta = valid - fitness(before.scores["valid"]["overall"])
+            history.append({"id": c.id, "stage": c.stage, "capability": c.capability,
+                            "message": c.message, "status": c.status,
+                            "valid_fitness": valid, "delta": delta})  # fmt: skip
+        return Request(
+            stage=stage,
+            round_no=round_no,
+            parent=self._program(parent),
+            target=target,
+            specialists=tuple(self._program(s) for s in others.values()),
+            cases=failing_cases(traces, self.tasks("train"), target),
+            history=tuple(history),
+            # A candidate still "proposed" is this round's own child from before an
+            # interruption: it must be proposed again, so it does not count as known.
+            known=frozenset(c.source_sha256 for c in candidates if c.status != "proposed"),
+        )
+
+    def _program(self, meta: CandidateMeta) -> Program:
+        train = {"train": meta.scores.get("train", {})}  # proposers see train scores only
+        return Program(meta.id, self.store.source(meta.id), train, meta.message)
+
+    def round(self, stage: str, round_no: int) -> None:
+        request = self.request(stage, round_no)
+        proposal, report, failures = self.attempt(request)
+        spent = Tally()
+        for record in self.coder.drain_records() if self.coder else []:
+            spent.add(dataclasses.asdict(record))
+        if proposal.source is None:
+            self.store.log_event("proposal_failed", stage=stage, round=round_no,
+                                 errors=failures, usage=spent.as_json())  # fmt: skip
+            return
         child = self.store.add_candidate(
             proposal.source,
-            parents=parents,
+            parents=list(proposal.parents),
             stage=stage,
-            capability=target,
+            capability=request.target,
             message=proposal.message,
         )
         self.store.log_event("proposed", candidate=child.id, stage=stage, round=round_no)
-        self.evaluate(child, parent_source)
+        if child.status != "proposed":
+            return  # the run holds this program already, judged
+        passed = report is not None and report.passed
+        earlier = failures if passed else failures[:-1]
+        self.store.update(child.id, attempts=earlier, usage={"proposal": spent.as_json()})
+        self.evaluate(self.store.get(child.id), report)
 
-    def propose(
-        self,
-        stage: str,
-        parent: CandidateMeta,
-        parent_source: str,
-        target: str | None,
-        round_no: int,
-    ) -> tuple[Proposal, list[str]]:
-        """A child that is new to the run (up to :data:`ATTEMPTS` tries, deterministically)."""
-        # A candidate still "proposed" is this round's own child from before an interruption:
-        # it must be proposed again, so it does not count as known.
-        known = {c.source_sha256 for c in self.store.candidates() if c.status != "proposed"}
+    def attempt(self, request: Request) -> tuple[Proposal, CheckReport | None, list[str]]:
+        """The proposal, then up to REPAIRS repairs; returns the last proposal, its sandbox
+        report (None when it has no source) and the error of every failed attempt."""
+        proposal = self.proposer.propose(request)
+        failures: list[str] = []
+        for attempt in range(REPAIRS + 1):
+            report = None
+            if proposal.source is not None:
+                report = sandbox_check(proposal.source, "candidate", request.parent.source)
+                if report.passed:
+                    return proposal, report, failures
+            error = report.repair_text() if report else (proposal.error or "no program")
+            failures.append(error)
+            self.store.log_event("attempt_failed", stage=request.stage, round=request.round_no,
+                                 attempt=attempt, error=error)  # fmt: skip
+            spent = self.config.budget.exhausted(read_spend(self.store.root))
+            can_repair = attempt < REPAIRS and not spent
+            repaired = self.proposer.repair(request, proposal, error) if can_repair else None
+            if repaired is None:
+                return proposal, report, failures
+            proposal = repaired
+        raise AssertionError("unreachable")
 
-        def new(proposal: Proposal) -> bool:
-            return hashlib.sha256(proposal.source.encode()).hexdigest() not in known
-
-        if stage == "integration":
-            others = [s for s in specialists(self.store.candidates()).values() if s.id != parent.id]
-            for k in range(len(others)):
-                other = others[(round_no + k) % len(others)]
-                try:
-                    proposal = self.proposer.crossover(
-                        parent_source, self.store.source(other.id), round_no
-                    )
-                except ValueError:
-                    continue
-                if new(proposal):
-                    return proposal, [parent.id, other.id]
-        for attempt in range(ATTEMPTS):
-            proposal = self.proposer.propose(parent_source, target, round_no + 1000 * attempt)
-            if new(proposal):
-                break
-        return proposal, [parent.id]
-
-    def evaluate(self, candidate: CandidateMeta, parent_source: str | None) -> None:
-        """Sandbox, then train and valid; a candidate already judged is left as it is."""
+    def evaluate(self, candidate: CandidateMeta, report: CheckReport | None) -> None:
+        """Sandbox (unless ``report`` is given), then train and valid; a candidate already
+        judged is left as it is."""
         if candidate.status in ("evaluated", "rejected", "failed"):
             return
         source = self.store.source(candidate.id)
-        report = sandbox_check(source, candidate.id, parent_source)
+        if report is None:
+            report = sandbox_check(source, candidate.id, None)
         if not report.passed:
             self.store.update(
                 candidate.id,
@@ -217,6 +314,7 @@ class Evolution:
             return
         path = self.store.root / "candidates" / f"{candidate.id}.py"
         scores: dict[str, dict[str, Any]] = {}
+        usage = dict(candidate.usage)
         seconds = 0.0
         try:
             for split in SPLITS:
@@ -226,7 +324,10 @@ class Evolution:
                     "by_capability": result.scores["by_capability"],
                     "errors": result.meta["errors"],
                 }
+                usage[split] = result.usage
                 seconds += result.meta["seconds"]
+                if split == "train":
+                    self.store.write_traces(candidate.id, split, result.traces)
         except EvalError as exc:
             self.store.update(
                 candidate.id,
@@ -240,6 +341,7 @@ class Evolution:
             status="evaluated",
             sandbox=report.as_json(),
             scores=scores,
+            usage=usage,
             seconds=seconds,
         )
         self.store.log_event(

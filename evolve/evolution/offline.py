@@ -36,20 +36,23 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import io
 import math
 import random
 import re
 import tokenize
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from evolve.datasets.types import CAPABILITIES
+from evolve.evolution.proposer import Proposal, Request
 from evolve.stagecache import fingerprints
 
 Value = int | float | bool
 
+ATTEMPTS = 5  # mutation seeds tried per round before accepting a child the run already holds
 EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a choice
 GUIDED_PROBABILITY = 0.7
 SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
@@ -83,13 +86,6 @@ class Tunable:
     end_col: int
 
 
-@dataclass(frozen=True)
-class Proposal:
-    source: str  # the patched program
-    message: str  # one line
-    changes: dict[str, tuple[Any, Any]]  # name -> (old, new)
-
-
 def tunables(source: str) -> list[Tunable]:
     """Every tunable constant of ``source`` in source order. Raises SyntaxError if unparsable."""
     tree = ast.parse(source)
@@ -119,12 +115,49 @@ def tunables(source: str) -> list[Tunable]:
 
 
 class OfflineProposer:
-    """Seeded mutation and crossover of tunable constants; see the module docstring."""
+    """Seeded mutation and crossover of tunable constants; see the module docstring.
+
+    As a :class:`~evolve.evolution.proposer.Proposer`: integration crosses the parent with each
+    specialist in turn (from ``round_no`` on) and takes the first child the run does not hold;
+    otherwise, or when no crossover gives a new child, it mutates the parent, trying up to
+    :data:`ATTEMPTS` seeds for a new child before accepting a known one. It cannot repair.
+    """
+
+    name = "offline"
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def propose(self, source: str, target: str | None, round_no: int) -> Proposal:
+    def propose(self, request: Request) -> Proposal:
+        parent = request.parent
+
+        def new(child: Proposal) -> bool:
+            assert child.source is not None
+            return hashlib.sha256(child.source.encode()).hexdigest() not in request.known
+
+        others = request.specialists if request.stage == "integration" else ()
+        for k in range(len(others)):
+            other = others[(request.round_no + k) % len(others)]
+            try:
+                child = self.crossover(parent.source, other.source, request.round_no)
+            except ValueError:
+                continue
+            if new(child):
+                return replace(child, parents=(parent.id, other.id))
+        try:
+            for attempt in range(ATTEMPTS):
+                round_no = request.round_no + 1000 * attempt
+                child = self.mutate(parent.source, request.target, round_no)
+                if new(child):
+                    break
+        except ValueError as exc:
+            return Proposal(None, "offline: nothing to mutate", (parent.id,), error=str(exc))
+        return replace(child, parents=(parent.id,))
+
+    def repair(self, request: Request, failed: Proposal, error: str) -> Proposal | None:
+        return None
+
+    def mutate(self, source: str, target: str | None, round_no: int) -> Proposal:
         """Move one or two tunables of ``source``, preferring moves that help ``target``."""
         if target is not None and target not in CAPABILITIES:
             raise ValueError(f"unknown capability {target!r}; expected one of {CAPABILITIES}")
@@ -148,7 +181,8 @@ class OfflineProposer:
             raise ValueError("no tunable constant can change")
         changes = {t.name: (t.value, new) for t, new in edits.items()}
         suffix = f" (target {target})" if target else ""
-        return Proposal(_patch(source, edits), f"offline: {_describe(changes)}{suffix}", changes)
+        message = f"offline: {_describe(changes)}{suffix}"
+        return Proposal(_patch(source, edits), message, (), changes=changes)
 
     def crossover(self, a: str, b: str, round_no: int) -> Proposal:
         """``a`` with some of its differing tunables set to ``b``'s values (``a``'s code kept).
@@ -173,7 +207,7 @@ class OfflineProposer:
         edits: dict[Tunable, Value] = {t: in_b[t.name].value for t in from_b}
         changes = {t.name: (t.value, new) for t, new in edits.items()}
         message = f"offline crossover: from b {_describe(changes)}"
-        return Proposal(_patch(a, edits), message, changes)
+        return Proposal(_patch(a, edits), message, (), changes=changes)
 
 
 def _pick(

@@ -6,6 +6,7 @@ Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
     state.json             the loop's cursor (stage, round, best ids, specialists, spend)
     candidates/<id>.py     a candidate's source, verbatim (ids look like ``c0007-1a2b3c4d``)
     candidates/<id>.json   its :class:`CandidateMeta`
+    candidates/<id>.<split>.jsonl.gz   its per-question traces on a split (train), for diagnosis
     claims/c<NNNN>         empty; created with O_EXCL to reserve candidate number NNNN
     index.sqlite           tables ``candidates`` (one row per ``.json``) and ``events``
 
@@ -33,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -65,7 +67,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     id TEXT PRIMARY KEY, number INTEGER NOT NULL, parents TEXT NOT NULL, stage TEXT NOT NULL,
     capability TEXT, message TEXT NOT NULL, source_sha256 TEXT NOT NULL, status TEXT NOT NULL,
     sandbox TEXT, scores TEXT NOT NULL, usage TEXT NOT NULL, seconds REAL NOT NULL,
-    created REAL NOT NULL, frozen INTEGER NOT NULL, meta TEXT NOT NULL
+    created REAL NOT NULL, frozen INTEGER NOT NULL, attempts TEXT NOT NULL, meta TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL
@@ -101,6 +103,7 @@ class CandidateMeta(BaseModel):
     seconds: float
     created: float  # unix time
     frozen: bool = False
+    attempts: list[str] = []  # why each earlier attempt of its round failed (repair feedback)
 
     @field_validator("stage", "status", "capability")
     @classmethod
@@ -333,6 +336,21 @@ class RunStore:
         """The candidate's source, byte for byte as added."""
         return self._meta_path(candidate_id).with_suffix(".py").read_bytes().decode()
 
+    def write_traces(self, candidate_id: str, split: str, traces: list[dict[str, Any]]) -> None:
+        """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
+        lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
+        path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
+        _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
+
+    def traces(self, candidate_id: str, split: str) -> list[dict[str, Any]]:
+        """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
+        path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
+        try:
+            text = gzip.decompress(path.read_bytes()).decode("utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines()]
+
     def candidates(self) -> list[CandidateMeta]:
         """Every candidate, in creation order."""
         return [CandidateMeta.model_validate_json(p.read_bytes()) for p in self._meta_paths()]
@@ -393,6 +411,9 @@ class RunStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
+            columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(candidates)"))
+            if columns != (*_COLUMNS, "meta"):  # an index from an older layout: rebuilt
+                conn.executescript(f"DROP TABLE candidates; {SCHEMA}")
             with conn:
                 yield conn
         finally:

@@ -56,7 +56,7 @@ T = TypeVar("T")
 Message = dict[str, Any]
 log = logging.getLogger(__name__)
 
-_SCHEMA = """
+CALLS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, role TEXT NOT NULL,
     stage TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
@@ -385,7 +385,7 @@ class LLMClient:
     def _cache_get(self, key: str) -> Completion | None:
         if self.cache_path is None:
             return None
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+        with sqlite_connection(self.cache_path, CALLS_SCHEMA) as conn:
             row = conn.execute(
                 "SELECT text, prompt_tokens, completion_tokens, model FROM responses"
                 " WHERE request_hash = ?",
@@ -398,7 +398,7 @@ class LLMClient:
     def _cache_put(self, key: str, reply: Completion) -> None:
         if self.cache_path is None:
             return
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+        with sqlite_connection(self.cache_path, CALLS_SCHEMA) as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
                 (key, reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model),
@@ -424,7 +424,7 @@ class LLMClient:
         if self.log_path is None:
             return
         row = asdict(record)
-        with sqlite_connection(self.log_path, _SCHEMA) as conn:
+        with sqlite_connection(self.log_path, CALLS_SCHEMA) as conn:
             conn.execute(
                 f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                 [int(v) if isinstance(v, bool) else v for v in row.values()],

@@ -1,0 +1,150 @@
+"""What a run spends on models: its call log, the caps, and the estimate before a run.
+
+Owns the run's call log ``<run>/calls.sqlite`` (table ``calls`` of :mod:`evolve.models.llm`):
+every LLM call of the run — the coder's proposals and repairs, the task model's extraction,
+planning and answers in the evaluation workers — is appended by
+:class:`~evolve.models.llm.LLMClient` as the call returns, before its reply is used.
+
+Invariants:
+
+- Spend is read from the log, never kept anywhere else, and the log only grows; so spend is never
+  reset — a run resumed after ``kill -9`` starts from what it had paid, including calls whose
+  result was lost with the process.
+- ``cost_usd`` counts money actually spent: a cache hit costs 0 and its tokens are counted apart
+  (``cached_tokens``); ``tokens`` (what ``--max-tokens`` caps) counts prompt and completion
+  tokens of calls that reached a model. A call whose model has no known price counts in
+  ``unpriced_calls``; a USD cap cannot see those, and the run says so.
+- :meth:`Budget.stop_reason` is checked before each round: a round starts only when the spend
+  so far plus the projected cost of one more round stays within every cap; the projection is
+  the most any finished round of the run has cost (nothing before the first round, so a cap
+  smaller than one round is passed once). Within a round, no repair attempt starts once a cap
+  is reached (:meth:`Budget.exhausted`). A run stopped at a cap has saved its state like any
+  finished round and resumes with a higher cap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evolve.models import sqlite_connection
+from evolve.models.llm import CALLS_SCHEMA
+
+CALLS_FILE = "calls.sqlite"
+
+
+@dataclass
+class Tally:
+    """Totals over a set of calls."""
+
+    calls: int = 0
+    cached_calls: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.calls += 1
+        tokens = int(row["prompt_tokens"]) + int(row["completion_tokens"])
+        if row["cached"]:
+            self.cached_calls += 1
+            self.cached_tokens += tokens
+            return
+        self.errors += 1 if row["error"] else 0
+        self.prompt_tokens += int(row["prompt_tokens"])
+        self.completion_tokens += int(row["completion_tokens"])
+        if row["cost_usd"] is None:
+            self.unpriced_calls += 0 if row["error"] else 1
+        else:
+            self.cost_usd += float(row["cost_usd"])
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens": self.tokens, "cost_usd": round(self.cost_usd, 6)}
+
+
+@dataclass
+class Spend:
+    """A run's spend: in total, per role and per (role, stage)."""
+
+    total: Tally = field(default_factory=Tally)
+    by_role: dict[str, Tally] = field(default_factory=dict)
+    by_stage: dict[str, Tally] = field(default_factory=dict)  # "role/stage" -> tally
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "total": self.total.as_json(),
+            "by_role": {k: v.as_json() for k, v in sorted(self.by_role.items())},
+            "by_stage": {k: v.as_json() for k, v in sorted(self.by_stage.items())},
+        }
+
+
+def calls_path(run_root: Path) -> Path:
+    return Path(run_root) / CALLS_FILE
+
+
+def read_spend(run_root: Path) -> Spend:
+    """The spend recorded in a run's call log (all zero when the run made no call)."""
+    spend = Spend()
+    path = calls_path(run_root)
+    if not path.exists():
+        return spend
+    with sqlite_connection(path, CALLS_SCHEMA) as conn:
+        cursor = conn.execute(
+            "SELECT role, stage, prompt_tokens, completion_tokens, cost_usd, cached, error "
+            "FROM calls ORDER BY id"
+        )
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    for row in rows:
+        spend.total.add(row)
+        spend.by_role.setdefault(row["role"], Tally()).add(row)
+        spend.by_stage.setdefault(f"{row['role']}/{row['stage']}", Tally()).add(row)
+    return spend
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Caps on a run; None = no cap. Rounds are capped by the run config."""
+
+    max_usd: float | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_usd", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value < 0):
+                raise ValueError(f"{name.replace('_', '-')} must be a non-negative number")
+
+    def stop_reason(self, spend: Spend, rounds: list[dict[str, float]]) -> str | None:
+        """Why the next round must not start, or None. ``rounds`` holds what each finished round
+        spent (``{"usd", "tokens"}``); the dearest of them is the projected cost of the next."""
+        total = spend.total
+        usd = max((r["usd"] for r in rounds), default=0.0)
+        tokens = max((r["tokens"] for r in rounds), default=0.0)
+        if self.max_usd is not None and total.cost_usd + usd > self.max_usd:
+            return (
+                f"USD cap reached: spent ${total.cost_usd:.4f}; a round has cost up to "
+                f"${usd:.4f}, and the cap is ${self.max_usd:g}"
+            )
+        if self.max_tokens is not None and total.tokens + tokens > self.max_tokens:
+            return (
+                f"token cap reached: spent {total.tokens:,} tokens; a round has used up to "
+                f"{int(tokens):,}, and the cap is {self.max_tokens:,}"
+            )
+        return None
+
+    def exhausted(self, spend: Spend) -> bool:
+        """Whether a cap is already reached (no further repair attempt is made)."""
+        total = spend.total
+        return (self.max_usd is not None and total.cost_usd >= self.max_usd) or (
+            self.max_tokens is not None and total.tokens >= self.max_tokens
+        )

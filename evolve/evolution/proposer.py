@@ -1,0 +1,77 @@
+"""The proposer interface: what the loop asks for a child program, and what it gets back.
+
+Owns :class:`Request` (everything a proposer may look at for one round), :class:`Proposal`
+(a child source, or the reason there is none) and the :class:`Proposer` protocol, implemented
+by :class:`~evolve.evolution.offline.OfflineProposer` (tunable constants, no LLM) and
+:class:`~evolve.evolution.coder.CoderProposer` (an LLM writing patches).
+
+Invariants:
+
+- A proposer never runs candidate code and never reads the valid or test split: it sees the
+  parent's source, its train scores and failing train cases, the run's earlier revisions, and
+  for integration the specialists' sources. The loop sandbox-checks what it returns.
+- Given the same request, a proposer returns the same proposal (the offline proposer is seeded;
+  the coder's replies come from the request cache on a replay), which is what makes an
+  interrupted round replay to the same candidate.
+- The loop calls :meth:`Proposer.repair` at most :data:`REPAIRS` times per round, each time with
+  the error of the previous attempt (the sandbox's repair text, or why a patch did not apply).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+REPAIRS = 3  # repair attempts after a proposal that fails to apply or fails the sandbox
+
+
+@dataclass(frozen=True)
+class Program:
+    """A candidate the proposer may read: id, source and its scores (split -> blocks)."""
+
+    id: str
+    source: str
+    scores: dict[str, dict[str, Any]]
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One round's question to a proposer."""
+
+    stage: str  # "cold_start" | "refinement" | "integration"
+    round_no: int  # rounds finished before this one, all stages together
+    parent: Program  # the best program overall, which the child revises
+    target: str | None  # the capability to improve (refinement), else None
+    specialists: tuple[Program, ...] = ()  # best per capability, other than the parent
+    cases: tuple[dict[str, Any], ...] = ()  # the parent's failing train cases (compact)
+    history: tuple[dict[str, Any], ...] = ()  # earlier revisions: message, stage, status, delta
+    known: frozenset[str] = frozenset()  # sha256 of every source the run already holds
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A child program (``source``), or ``source=None`` with ``error`` when none came out."""
+
+    source: str | None
+    message: str  # one line
+    parents: tuple[str, ...]  # ids; the first is the program the source was patched from
+    error: str | None = None  # why there is no source (a patch that did not apply, ...)
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # offline: name -> values
+    transcript: tuple[dict[str, Any], ...] = ()  # coder: the conversation so far, for repair
+    base: str | None = None  # coder: the program the next repair's edits apply to
+
+
+class Proposer(Protocol):
+    """Makes child programs. See the module docstring for what implementations guarantee."""
+
+    name: str
+
+    def propose(self, request: Request) -> Proposal:
+        """A child of ``request.parent`` for this round (ideally one not in ``request.known``)."""
+        ...
+
+    def repair(self, request: Request, failed: Proposal, error: str) -> Proposal | None:
+        """Another attempt after ``failed`` did not apply or failed the sandbox with ``error``;
+        None when this proposer cannot repair (the round then ends with the failure)."""
+        ...
