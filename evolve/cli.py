@@ -77,14 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="evolve a memory program (offline: its tunable constants)")
     run.add_argument(
-        "--seed", type=Path, default=None, help="starting program (default seeds/hybrid.py offline)"
+        "--seed",
+        type=Path,
+        default=None,
+        help="starting program (default seeds/hybrid.py offline, seeds/simple.py with a coder)",
     )
-    run.add_argument("--model", default="none", help="coder/task LLM; only 'none' works so far")
+    run.add_argument(
+        "--model", default="none", help="task LLM as a litellm id, or 'none' (offline retrieval)"
+    )
+    run.add_argument(
+        "--coder",
+        default=None,
+        help="coding LLM as a litellm id (default: --model); 'none' = the offline proposer",
+    )
+    run.add_argument("--api-base", default=None, help="API base URL for the models (local servers)")
     run.add_argument(
         "--rounds",
         default=None,
         help="rounds of cold start, refinement, integration (default 2,6,2); with "
         "--resume, raises the run's caps",
+    )
+    run.add_argument("--max-usd", type=float, default=None, help="stop before spending more USD")
+    run.add_argument("--max-tokens", type=int, default=None, help="stop before more LLM tokens")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the work and cost estimate; run nothing"
     )
     run.add_argument(
         "--conversations",
@@ -92,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use only the first N conversations of train and valid (quick runs)",
     )
-    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run")
+    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     _add_run_options(run)
 
     chk = sub.add_parser("check", help="run the sandbox's four tiers on a program file")
@@ -220,15 +236,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from evolve.evolution.loop import Evolution, RunConfig, fitness
-    from evolve.evolution.store import RunNotFound, RunStore
-    from evolve.executor import EvalError
+def _model(name: str | None, api_base: str | None, **params: Any) -> dict[str, Any] | None:
+    if name is None or name.lower() in ("none", ""):
+        return None
+    from evolve.models.llm import ModelConfig
 
-    if args.model.lower() not in ("none", ""):
-        raise UsageError("the LLM coder is not built yet: run offline (--model none)")
+    return ModelConfig(model=name, api_base=api_base, **params).model_dump()
+
+
+def _run_config(args: argparse.Namespace) -> Any:
+    """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
+    from evolve.evolution.loop import RunConfig
+
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    for flag in ("max_usd", "max_tokens"):
+        value = getattr(args, flag)
+        if value is not None and not value >= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be a non-negative number")
     try:
         counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
     except ValueError:
@@ -236,48 +261,116 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(counts) != 3 or min(counts) < 0:
         raise UsageError("--rounds takes three non-negative numbers, e.g. 2,6,2")
     rounds = dict(zip(("cold_start", "refinement", "integration"), counts, strict=True))
-    if args.resume:
-        try:
-            store = RunStore.open(args.runs_dir, args.resume)
-        except RunNotFound as exc:
-            raise UsageError(str(exc)) from None
-        config = RunConfig(**store.manifest["config"])
-        if args.rounds:  # a higher cap for this resumption; the manifest keeps the original
-            config = dataclasses.replace(config, rounds=rounds)
+    caps: dict[str, Any] = {
+        k: getattr(args, k) for k in ("max_usd", "max_tokens") if getattr(args, k) is not None
+    }
+    if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
+        config = RunConfig(**_open_run(args)[1]["config"])
+        if args.rounds:
+            caps["rounds"] = rounds
+        return dataclasses.replace(config, **caps)
+    task = _model(args.model, args.api_base)
+    from evolve.evolution.coder import MAX_TOKENS
+
+    coder_id = args.model if args.coder is None else args.coder
+    coder = _model(coder_id, args.api_base, max_tokens=MAX_TOKENS)
+    default_seed = "simple.py" if coder else "hybrid.py"
+    seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / default_seed
+    if not Path(seed).is_file():
+        raise UsageError(f"seed program {seed} not found")
+    return RunConfig(
+        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
+        cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
+        embedder=args.embedder, conversations=args.conversations, task_model=task,
+        coder_model=coder, **caps,
+    )  # fmt: skip
+
+
+def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from evolve.evolution.store import RunNotFound, RunStore
+
+    try:
+        store = RunStore.open(args.runs_dir, args.resume)
+    except RunNotFound as exc:
+        raise UsageError(str(exc)) from None
+    return store, store.manifest
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from evolve.evolution.budget import read_spend
+    from evolve.evolution.loop import Evolution, fitness
+    from evolve.evolution.manifest import build_manifest
+    from evolve.evolution.store import RunStore
+    from evolve.executor import EvalError
+    from evolve.models.llm import LLMError
+
+    config = _run_config(args)
+    if args.dry_run:
+        return _dry_run(config)
+    store = _open_run(args)[0] if args.resume else RunStore.create(
+        args.runs_dir, build_manifest(config, args.bench))  # fmt: skip
+    seed = Path(config.seed_program).name
+    if config.coder_model is None:
+        err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
+                  f"proposer mutates {seed}'s tunable constants (run {store.run_id})")  # fmt: skip
     else:
-        seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / "hybrid.py"
-        if not Path(seed).is_file():
-            raise UsageError(f"seed program {seed} not found")
-        config = RunConfig(
-            data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
-            cache_dir=str(args.cache_dir or default_cache_dir()),
-            rounds=rounds,
-            jobs=args.jobs, embedder=args.embedder, conversations=args.conversations,
-        )  # fmt: skip
-        manifest = {"bench": args.bench, "config": config.as_json(),
-                    "models": {"task": None, "coder": None}}  # fmt: skip
-        store = RunStore.create(args.runs_dir, manifest)
-    err.print(f"[bold yellow]no model configured — offline evolution:[/] the offline proposer "
-              f"mutates {Path(config.seed_program).name}'s tunable constants, scored by offline "
-              f"retrieval metrics (run {store.run_id})")  # fmt: skip
-    with _progress(sum(config.rounds.values()), not args.no_progress, "rounds") as advance:
+        err.print(f"coder {config.coder_model['model']} revises {seed} (run {store.run_id})")
+    if config.task_model is None:
+        err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
+                  "[/] one unit per message, the question is the query, no answers")  # fmt: skip
+    with _progress(sum(config.rounds.values()), not args.no_progress, "round") as advance:
         done = [0]
 
         def progress(description: str, finished: int, total: int) -> None:
-            advance(finished - done[0])
+            advance(finished - done[0], description)
             done[0] = finished
 
+        evolution = Evolution(store, config, progress)
         try:
-            best = Evolution(store, config, progress).run()
-        except EvalError as exc:
-            raise UsageError(str(exc)) from None
+            best = evolution.run()
+        except (EvalError, LLMError) as exc:
+            raise UsageError(f"{exc} (resume with: evolve run --resume {store.run_id})") from None
     seed_meta = store.candidates()[0]
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
         sim, hit = v["evidence_similarity"], v["evidence_hit_rate"]
         out.print(f"{label} {meta.id}: valid fitness {fitness(v):.3f} "
                   f"(similarity {sim:.3f}, hit rate {hit:.3f})")  # fmt: skip
+    spend = read_spend(store.root).total
+    if spend.calls:
+        out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"
+                  + (f" ({spend.unpriced_calls} without a known price)"
+                     if spend.unpriced_calls else ""))  # fmt: skip
     out.print(f"run {store.run_id}: {len(store.candidates())} candidates in {store.root}")
+    if evolution.stopped:
+        err.print(f"[yellow]stopped early: {evolution.stopped}[/] — continue with evolve run "
+                  f"--resume {store.run_id} and a higher cap", highlight=False)  # fmt: skip
+    return 0
+
+
+def _dry_run(config: Any) -> int:
+    from evolve.evolution.budget import estimate
+    from evolve.evolution.loop import workload
+
+    work = workload(config)
+    rows = estimate(work, config.task_model, config.coder_model)
+    out.print(f"dry run: {work.rounds} rounds, up to {work.evaluations} evaluations of "
+              f"{work.questions} train+valid questions; {work.extract_windows} extraction "
+              f"windows ({work.extract_chars:,} characters) per full evaluation")  # fmt: skip
+    if not rows:
+        out.print("no LLM configured: the run makes no model call and costs nothing")
+        return 0
+    table = Table(title="estimated model work (tokens ≈ characters / 4; upper bounds)")
+    for column in ("role", "model", "what", "calls", "prompt tokens", "completion tokens", "USD"):
+        table.add_column(column, justify="right" if column[0] in "cpU" else "left")
+    for r in rows:
+        usd = "unknown price" if r["usd"] is None else f"{r['usd']:.2f}"
+        table.add_row(r["role"], r["model"], r["what"], f"{r['calls']:,}",
+                      f"{r['prompt_tokens']:,}", f"{r['completion_tokens']:,}", usd)  # fmt: skip
+    out.print(table)
+    caps = [f"${config.max_usd:g}" if config.max_usd is not None else None,
+            f"{config.max_tokens:,} tokens" if config.max_tokens is not None else None]  # fmt: skip
+    out.print("caps: " + (", ".join(c for c in caps if c) or "none (set --max-usd/--max-tokens)"))
     return 0
 
 
@@ -332,19 +425,24 @@ def _confirm_fetch(exc: DataError) -> bool:
 
 
 class _progress:
-    """A rich progress bar over questions (or nothing), as a context manager yielding advance()."""
+    """A rich progress bar (or nothing), as a context manager yielding
+    ``advance(n, description=None)``."""
 
     def __init__(self, total: int, enabled: bool, label: str = "evaluating") -> None:
-        self.total, self.enabled = total, enabled
-        self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+        self.total, self.enabled, self.label = total, enabled, label
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
 
     def __enter__(self) -> Any:
         if not self.enabled:
-            return lambda n: None
+            return lambda n, description=None: None
         self.bar.start()
-        task = self.bar.add_task("eval", total=self.total)
-        return lambda n: self.bar.advance(task, n)
+        task = self.bar.add_task(self.label, total=self.total)
+
+        def advance(n: int, description: str | None = None) -> None:
+            self.bar.update(task, advance=n, description=description or self.label)
+
+        return advance
 
     def __exit__(self, *exc: object) -> None:
         if self.enabled:

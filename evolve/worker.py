@@ -258,7 +258,8 @@ class _Run:
     def _extract(self, segment: Segment) -> list[dict[str, Any]]:
         records = None
         if self.llm is not None:
-            records = [r for window in _windows(segment) for r in self._extract_llm(window)]
+            windows = extraction_windows(segment)
+            records = [r for window in windows for r in self._extract_llm(window)]
         units, _ = self.call(
             "units",
             {"segment": asdict(segment), "records": records},
@@ -460,7 +461,7 @@ def _instruction(source: str, name: str) -> str:
     raise ContractError(f"{name} must be assigned a string literal")
 
 
-def _windows(segment: Segment) -> list[Segment]:
+def extraction_windows(segment: Segment) -> list[Segment]:
     """Consecutive slices of a session, each within EXTRACT_WINDOW_CHARS (one message at least)."""
     out: list[Segment] = []
     current: list[Any] = []

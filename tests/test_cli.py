@@ -149,3 +149,37 @@ def test_check_fails_with_tier_rule_and_line(tmp_path: Path, capsys: pytest.Capt
     assert "sandbox tier 1 (source) failed, rule import-not-allowed at line" in out
     code, _, err = run_cli(capsys, "check", str(tmp_path / "missing.py"))
     assert code == 2 and "cannot read" in error_lines(err)[0]
+
+
+def test_run_dry_run_estimates_without_running(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    base = ["run", "--dry-run", "--data-dir", str(data_dir), "--conversations", "1",
+            "--runs-dir", str(tmp_path), "--rounds", "1,2,1"]  # fmt: skip
+    code, out, _ = run_cli(capsys, *base)
+    assert code == 0 and "4 rounds, up to 5 evaluations" in out and "costs nothing" in out
+    code, out, _ = run_cli(capsys, *base, "--model", "gpt-4o-mini", "--max-usd", "2")
+    assert code == 0 and "│ task" in out and "│ coder" in out and "$2" in out
+    assert "unknown price" not in out  # litellm's local price map knows this model
+    code, out, _ = run_cli(capsys, *base, "--coder", "openai/my-local-model")
+    assert code == 0 and "unknown" in out and "│ coder" in out and "│ task" not in out
+    assert not list(tmp_path.iterdir())  # nothing was created
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-usd", "-1"], "--max-usd must be a non-negative number"),
+        (["--max-tokens", "-5"], "--max-tokens must be a non-negative number"),
+        (["--rounds", "1,2"], "--rounds takes three non-negative numbers"),
+        (["--resume", "no-such-run"], "run 'no-such-run' not found"),
+        (["--seed", "missing.py"], "seed program missing.py not found"),
+    ],
+)
+def test_run_bad_flags_are_one_error_line(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+    message: str,
+):  # fmt: skip
+    code, _, err = run_cli(capsys, "run", "--data-dir", str(data_dir), "--runs-dir",
+                           str(tmp_path), *args)  # fmt: skip
+    assert code == 2 and len(error_lines(err)) == 1 and message in error_lines(err)[0], err

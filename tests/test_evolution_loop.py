@@ -62,7 +62,9 @@ def test_loop_fills_the_archive(uninterrupted: RunStore):
         candidates[0].scores["valid"]["overall"]
     )
     assert set(specialists(candidates)) == {"F", "T", "P", "M", "A"}
-    assert uninterrupted.load_state() == {"rounds": ROUNDS, "best": best.id}
+    state = uninterrupted.load_state()
+    assert state["rounds"] == ROUNDS and state["best"] == best.id
+    assert state["round_costs"] == [{"usd": 0.0, "tokens": 0}] * sum(ROUNDS.values())
     assert [e["kind"] for e in uninterrupted.events("evaluated")]
 
 
@@ -100,7 +102,13 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert kills >= 1
-    assert archive(RunStore.open(tmp_path, run_dir.name)) == archive(uninterrupted)
+    store = RunStore.open(tmp_path, run_dir.name)
+    assert archive(store) == archive(uninterrupted)
+    manifest = store.manifest  # what the run started from, hashed
+    train = manifest["data"]["train"]
+    assert len(train) == 3 and all(len(h) == 64 for h in train.values())
+    assert manifest["seed"]["sha256"] == uninterrupted.candidates()[0].source_sha256
+    assert manifest["packages"]["numpy"] and manifest["models"]["coder"] is None
 
 
 def _wait_for_run(runs: Path, timeout: float = 60) -> Path:

@@ -177,3 +177,26 @@ def test_memory_bomb_in_index_is_contained(tasks: TaskSet, tmp_path: Path):
     report = run(path, tasks, tmp_path / "c")
     assert all("MemoryError" in t["error"] for t in report["traces"]), report["traces"][0]
     assert report["stages"]["index"]["failed"] >= 1
+
+
+def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: Path):
+    """Same scores and traces with 1 and 2 worker processes, each from a cold stage cache."""
+    convs, questions = [], []
+    for name in ("1", "3"):
+        conv, qs = load_conversation(data_dir, "100K", name)
+        sessions = conv.sessions[:2]
+        ids = {m.id for s in sessions for m in s.messages}
+        questions += [q for q in qs if set(q.evidence_ids) <= ids][:4]
+        convs.append(Conversation(conv.id, sessions, conv.meta))
+    small = TaskSet("beam", "small", tuple(convs), tuple(questions))
+    reports = []
+    for jobs in (1, 2):
+        cfg = WorkerConfig(cache_dir=str(tmp_path / f"cache{jobs}"), task_model=None,
+                           embedder="hashing")  # fmt: skip
+        reports.append(evaluate(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
+    one, two = reports
+    assert one.scores == two.scores and one.stages == two.stages
+    keep = ("id", "retrieved", "scores", "error")
+    assert [{k: t.get(k) for k in keep} for t in one.traces] == [
+        {k: t.get(k) for k in keep} for t in two.traces
+    ]

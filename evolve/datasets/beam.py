@@ -408,6 +408,16 @@ def split_refs(split: str, splits_file: Path | None = None) -> list[tuple[str, s
         raise DataError(f"{path}: no conversation list for split {split!r}") from None
 
 
+def data_files(data_dir: Path, refs: list[tuple[str, str]]) -> list[Path]:
+    """The files a task set of these (size, conv) pairs is read from (for run manifests)."""
+    files = []
+    for size, conv in refs:
+        cdir = _conv_dir(data_dir, size, conv)
+        chat = chat_file(cdir)
+        files += [p for p in (chat, cdir / QUESTIONS_FILE, cdir / TOPIC_FILE) if p is not None]
+    return files
+
+
 def load_taskset(data_dir: Path, split: str, splits_file: Path | None = None) -> TaskSet:
     """A named split (train/valid/holdout/test from the splits file), ``all`` (every 100K
     conversation on disk) or ``all:<size>`` (every conversation of that size on disk)."""

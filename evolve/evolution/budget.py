@@ -148,3 +148,72 @@ class Budget:
         return (self.max_usd is not None and total.cost_usd >= self.max_usd) or (
             self.max_tokens is not None and total.tokens >= self.max_tokens
         )
+
+
+# --- the estimate before a run (`evolve run --dry-run`) -------------------------------------
+
+CHARS_PER_TOKEN = 4  # a rough rule for English text; the estimate says it is rough
+PLAN_COMPLETION, ANSWER_COMPLETION = 60, 120  # tokens a query plan / an answer takes, roughly
+PLAN_PROMPT_CHARS, ANSWER_PROMPT_CHARS = 1_500, 17_500  # instruction + schema / + retrieved text
+EXTRACT_OVERHEAD_CHARS = 1_500  # instruction and schema around each extraction window
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model work of one run, counted from its data before it starts."""
+
+    rounds: int
+    evaluations: int  # the seed and one child per round
+    extract_windows: int  # extraction calls for one full evaluation (train and valid)
+    extract_chars: int  # the history text those calls read
+    questions: int  # train and valid questions (one plan and one answer call each)
+    coder_prompt_chars: int  # the coder's first prompt for the seed
+    repairs: int  # repair attempts allowed per round
+
+
+def _usd(model: str, prompt: int, completion: int) -> float | None:
+    import litellm  # the local price map only (evolve.models.llm sets it before importing)
+
+    try:
+        cost_in, cost_out = litellm.cost_per_token(
+            model=model, prompt_tokens=prompt, completion_tokens=completion
+        )
+    except Exception:
+        return None
+    return float(cost_in + cost_out)
+
+
+def estimate(
+    work: Workload, task: dict[str, Any] | None, coder: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Rows ``{"role", "what", "calls", "prompt_tokens", "completion_tokens", "usd"}``: upper
+    bounds (every evaluation recomputes every stage; every round uses all its repairs) and,
+    for the coder, the expected case of one call per round. ``usd`` is None for a model
+    litellm has no price for. Tokens are characters / 4."""
+    rows: list[dict[str, Any]] = []
+
+    def row(role: str, model: dict[str, Any], what: str, calls: int, prompt: int, out: int) -> None:
+        usd = _usd(str(model["model"]), prompt, out)
+        rows.append({"role": role, "model": model["model"], "what": what, "calls": calls,
+                     "prompt_tokens": prompt, "completion_tokens": out, "usd": usd})  # fmt: skip
+
+    if task is not None:
+        n = work.evaluations
+        extract_in = (work.extract_chars + work.extract_windows * EXTRACT_OVERHEAD_CHARS) // 4
+        max_out = int(task["max_tokens"])
+        extract_out = min(work.extract_windows * max_out, extract_in // 2)
+        row("task", task, "extraction (no reuse)", n * work.extract_windows, n * extract_in,
+            n * extract_out)  # fmt: skip
+        q = work.questions * n
+        row("task", task, "planning", q, q * PLAN_PROMPT_CHARS // 4, q * PLAN_COMPLETION)
+        row("task", task, "answers", q, q * ANSWER_PROMPT_CHARS // 4, q * ANSWER_COMPLETION)
+    if coder is not None:
+        prompt = work.coder_prompt_chars // CHARS_PER_TOKEN
+        out = int(coder["max_tokens"])
+        row("coder", coder, "proposals, one per round", work.rounds, work.rounds * prompt,
+            work.rounds * out // 4)  # fmt: skip
+        most = work.rounds * (1 + work.repairs)
+        # a repair resends the conversation so far: on average about twice the first prompt
+        row("coder", coder, "proposals with every repair", most,
+            work.rounds * prompt * (1 + 2 * work.repairs), most * out)  # fmt: skip
+    return rows

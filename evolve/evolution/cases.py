@@ -20,6 +20,7 @@ from evolve.datasets.types import TaskSet
 EVIDENCE_CHARS = 400  # per evidence message
 RETRIEVED_CHARS = 1_500  # head of the retrieved text
 MAX_EVIDENCE = 4
+CASE_CHARS = EVIDENCE_CHARS * (MAX_EVIDENCE + 1) + RETRIEVED_CHARS + 800  # a case, rendered
 
 
 def _cut(text: str, limit: int) -> str:

@@ -41,7 +41,7 @@ from evolve.evolution.proposer import Program, Proposal, Request
 from evolve.models.llm import LLMClient, Message
 from sandbox.static import ALLOWED_IMPORTS
 
-MAX_TOKENS = 8_192  # a reply may be a whole program
+MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program
 METRICS = ("evidence_similarity", "evidence_hit_rate", "evidence_recall", "answer_recall")
 
 _BLOCK = re.compile(
@@ -270,9 +270,8 @@ class CoderProposer:
 
     name = "coder"
 
-    def __init__(self, llm: LLMClient, max_tokens: int = MAX_TOKENS) -> None:
+    def __init__(self, llm: LLMClient) -> None:
         self.llm = llm
-        self.max_tokens = max_tokens
 
     def propose(self, request: Request) -> Proposal:
         specialist = None
@@ -298,9 +297,7 @@ class CoderProposer:
     def _ask(
         self, request: Request, last: Proposal, messages: list[Message], kind: str
     ) -> Proposal:
-        reply = self.llm.complete(
-            "coder", f"{request.stage}/{kind}", messages, max_tokens=self.max_tokens
-        )
+        reply = self.llm.complete("coder", f"{request.stage}/{kind}", messages)
         transcript = (*messages, {"role": "assistant", "content": reply.text})
         base = _base(request, last)
         try:

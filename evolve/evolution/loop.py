@@ -41,15 +41,15 @@ from typing import Any
 
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import CAPABILITIES, TaskSet
-from evolve.evolution.budget import Budget, Tally, calls_path, read_spend
-from evolve.evolution.cases import failing_cases
-from evolve.evolution.coder import CoderProposer
+from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
+from evolve.evolution.cases import CASE_CHARS, failing_cases
+from evolve.evolution.coder import CoderProposer, render_request, system_prompt
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import REPAIRS, Program, Proposal, Proposer, Request
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
-from evolve.worker import WorkerConfig
+from evolve.worker import WorkerConfig, extraction_windows
 from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
@@ -115,6 +115,34 @@ def weakest(candidate: CandidateMeta) -> str:
     return min(by_cap, key=lambda cap: (fitness(by_cap[cap]), cap))
 
 
+def task_set(config: RunConfig, split: str) -> TaskSet:
+    """A split as the run sees it: only its first ``config.conversations`` conversations."""
+    tasks = load_taskset(Path(config.data_dir), split)
+    if config.conversations is None:
+        return tasks
+    keep = tasks.conversations[: config.conversations]
+    ids = {c.id for c in keep}
+    questions = tuple(q for q in tasks.questions if q.conversation_id in ids)
+    return TaskSet(tasks.bench, tasks.split, keep, questions)
+
+
+def workload(config: RunConfig) -> Workload:
+    """A run's model work, counted from its data (for ``evolve run --dry-run``)."""
+    windows = chars = questions = 0
+    for split in SPLITS:
+        tasks = task_set(config, split)
+        questions += len(tasks.questions)
+        for segment in (s for c in tasks.conversations for s in c.sessions):
+            for window in extraction_windows(segment):
+                windows += 1
+                chars += sum(len(m.content) for m in window.messages)
+    seed = Program("seed", Path(config.seed_program).read_text(), {})
+    prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
+    rounds = sum(config.rounds.values())
+    return Workload(rounds, rounds + 1, windows, chars, questions,
+                    len(prompt) + 4 * CASE_CHARS, REPAIRS)  # fmt: skip
+
+
 Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds in total)
 
 
@@ -158,13 +186,7 @@ class Evolution:
 
     def tasks(self, split: str) -> TaskSet:
         if split not in self._tasks:
-            tasks = load_taskset(Path(self.config.data_dir), split)
-            if self.config.conversations is not None:
-                keep = tasks.conversations[: self.config.conversations]
-                ids = {c.id for c in keep}
-                questions = tuple(q for q in tasks.questions if q.conversation_id in ids)
-                tasks = TaskSet(tasks.bench, tasks.split, keep, questions)
-            self._tasks[split] = tasks
+            self._tasks[split] = task_set(self.config, split)
         return self._tasks[split]
 
     def run(self) -> CandidateMeta:
