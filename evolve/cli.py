@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             return runs_cli.dispatch(args)
         return cmd_fetch(args)
     except (UsageError, DataError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, markup=True)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2
     except KeyboardInterrupt:
         err.print("interrupted: stage outputs computed so far are kept in the cache")
@@ -231,7 +232,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     failed = report.meta["errors"]
     if failed and failed == report.meta["questions"]:
         first = next(t["error"] for t in report.traces if t.get("error"))
-        err.print(f"[red]error:[/] every question failed; first: {first}", highlight=False)
+        err.print(f"[red]error:[/] every question failed; first: {escape(first)}", highlight=False)
         return 1
     return 0
 
@@ -343,8 +344,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                      if spend.unpriced_calls else ""))  # fmt: skip
     out.print(f"run {store.run_id}: {len(store.candidates())} candidates in {store.root}")
     if evolution.stopped:
-        err.print(f"[yellow]stopped early: {evolution.stopped}[/] — continue with evolve run "
-                  f"--resume {store.run_id} and a higher cap", highlight=False)  # fmt: skip
+        resume = f"evolve run --resume {store.run_id}"
+        err.print(f"[yellow]stopped early: {escape(evolution.stopped)}[/] — continue with "
+                  f"{resume} and a higher cap", highlight=False)  # fmt: skip
     return 0
 
 
@@ -420,7 +422,7 @@ def _confirm_fetch(exc: DataError) -> bool:
     """Offer to download BEAM when it is missing (interactive terminals only)."""
     if not sys.stdin.isatty():
         return False
-    err.print(f"[yellow]{exc}[/]", highlight=False)
+    err.print(f"[yellow]{escape(str(exc))}[/]", highlight=False)
     return input("Download BEAM 100K and 1M now? [y/N] ").strip().lower() in ("y", "yes")
 
 
@@ -478,5 +480,7 @@ def _print_report(report: dict[str, Any]) -> None:
     out.print(f"traces: {meta.get('traces')}")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m evolve.cli`: the package's module, so one UsageError
+    from evolve.cli import main as package_main
+
+    sys.exit(package_main())

@@ -1,0 +1,468 @@
+"""The ``evolve`` commands that inspect and ship a run's candidates.
+
+``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
+``freeze`` and ``export`` delegate to :mod:`evolve.evolution.ship`. Parsing and rendering live
+here; the data comes from :mod:`evolve.evolution.summary` and the
+:class:`~evolve.evolution.store.RunStore`.
+
+Invariants:
+
+- One candidate syntax everywhere (:data:`CANDIDATE_HELP`): ``RUN/ID``, ``RUN:ID`` the same,
+  or a bare ``ID`` looked up in ``--run RUN``, else in the newest run (said on stderr). ``ID``
+  may be any unique prefix of a candidate id.
+- Every expected failure is one ``error:`` line and exit 2 (a :class:`~evolve.cli.UsageError`);
+  the store's RunNotFound / CandidateNotFound and ship's ShipError are turned into one.
+- With ``--json`` a command prints exactly one JSON object on stdout; notes and warnings go to
+  stderr either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import JustifyMethod
+from rich.markup import escape
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from evolve.cli import UsageError, _progress, err, out
+from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
+from evolve.evolution import ship, summary
+from evolve.evolution.loop import fitness
+from evolve.evolution.store import CandidateMeta, CandidateNotFound, RunNotFound, RunStore
+
+COMMANDS: tuple[str, ...] = (
+    "runs",
+    "status",
+    "programs",
+    "show",
+    "diff",
+    "lineage",
+    "freeze",
+    "export",
+)
+CANDIDATE_HELP = (
+    "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "
+    "--run RUN, else in the newest run"
+)
+MESSAGE_WIDTH = 60
+
+
+def add_commands(sub: Any) -> None:
+    """Register this module's subcommands on the ``evolve`` parser's subparsers."""
+
+    def command(name: str, help: str, *, run: bool = False) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = sub.add_parser(
+            name, help=help, description=help + (f". CANDIDATE is {CANDIDATE_HELP}" if run else "")
+        )
+        parser.add_argument(
+            "--runs-dir",
+            type=Path,
+            default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
+            help="where run folders are (default programs/ or $EVOLVE_RUNS)",
+        )
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        if run:
+            parser.add_argument("--run", help="the run a bare candidate ID is looked up in")
+        return parser
+
+    command("runs", "list the runs, newest first")
+    for name, text in (
+        ("status", "where a run stands: stage, best, specialists, spend, frozen"),
+        ("programs", "one row per candidate of a run"),
+    ):
+        command(name, text).add_argument("run", nargs="?", help="run id (default: newest)")
+    command("show", "a candidate's source and metadata", run=True).add_argument(
+        "candidate", help=CANDIDATE_HELP
+    )
+    diff = command("diff", "unified diff of two candidates' sources", run=True)
+    diff.add_argument("a", help=CANDIDATE_HELP)
+    diff.add_argument("b", help="like A; a bare ID is looked up in A's run unless --run is given")
+    command("lineage", "a candidate's ancestry back to the seed", run=True).add_argument(
+        "candidate", help=CANDIDATE_HELP
+    )
+
+    freeze = command("freeze", "mark a candidate final and score it once on test", run=True)
+    freeze.add_argument("candidate", help=CANDIDATE_HELP)
+    freeze.add_argument("--data-dir", type=Path, help="benchmark data root (default: the run's)")
+    freeze.add_argument("--jobs", type=int, help="worker processes (default: the run's)")
+    freeze.add_argument("--cache-dir", help="stage and embedding caches (default: the run's)")
+    freeze.add_argument(
+        "--embedder", choices=["minilm", "hashing"], help="embedder (default: the run's)"
+    )
+    freeze.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    export = command("export", "write a candidate as a standalone program file", run=True)
+    export.add_argument("candidate", help=CANDIDATE_HELP)
+    export.add_argument("--out", type=Path, required=True, help="the program file to write")
+    export.add_argument("--force", action="store_true", help="overwrite an existing --out")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "runs": cmd_runs,
+        "status": cmd_status,
+        "programs": cmd_programs,
+        "show": cmd_show,
+        "diff": cmd_diff,
+        "lineage": cmd_lineage,
+        "freeze": cmd_freeze,
+        "export": cmd_export,
+    }
+    try:
+        return commands[args.command](args)
+    except (UsageError, RunNotFound, CandidateNotFound, ship.ShipError) as exc:
+        raise UsageError(escape(str(exc))) from None  # cli.main prints it as rich markup
+
+
+# --- finding runs and candidates ----------------------------------------------------------
+
+
+def open_run(runs_dir: Path, run_id: str | None) -> RunStore:
+    """A run by id, or the newest run (said on stderr) when ``run_id`` is None."""
+    if run_id is None:
+        runs = RunStore.list_runs(runs_dir)
+        if not runs:
+            raise UsageError(f"no runs in {runs_dir}")
+        run_id = runs[0]["id"]
+        err.print(f"using the newest run {run_id} in {runs_dir}", markup=False, highlight=False)
+    return RunStore.open(runs_dir, run_id)
+
+
+def resolve(
+    runs_dir: Path, ref: str, run: str | None, default: RunStore | None = None
+) -> tuple[RunStore, CandidateMeta]:
+    """A candidate reference (:data:`CANDIDATE_HELP`); a bare ID goes to ``run``, then
+    ``default``, then the newest run."""
+    parts = ref.replace(":", "/").split("/")
+    if len(parts) > 2 or not all(parts):
+        raise UsageError(f"bad candidate {ref!r}: expected {CANDIDATE_HELP}")
+    if len(parts) == 2:
+        if run is not None and run != parts[0]:
+            raise UsageError(f"candidate {ref!r} names run {parts[0]} but --run is {run}")
+        store = RunStore.open(runs_dir, parts[0])
+    elif run is None and default is not None:
+        store = default
+    else:
+        store = open_run(runs_dir, run)
+    return store, store.get(parts[-1])
+
+
+def name(store: RunStore, meta: CandidateMeta) -> str:
+    return f"{store.run_id}/{meta.id}"
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _emit(args: argparse.Namespace, obj: dict[str, Any]) -> bool:
+    """Print ``obj`` as JSON when ``--json`` was given; True if it did."""
+    if args.json:
+        print(json.dumps(obj, indent=2, ensure_ascii=False))
+    return bool(args.json)
+
+
+# --- runs, status, programs ---------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    rows = summary.runs(args.runs_dir)
+    if _emit(args, {"runs_dir": str(args.runs_dir), "runs": rows}):
+        return 0
+    if not rows:
+        out.print(f"no runs in {args.runs_dir}", markup=False, highlight=False)
+        return 0
+    table = Table(title=f"runs in {args.runs_dir}")
+    for column in ("run", "created", "candidates", "best", "valid fitness"):
+        table.add_column(
+            column, justify="right" if column in ("candidates", "valid fitness") else "left"
+        )
+    for r in rows:
+        cells = (r["id"], r["created_local"] or "—", str(r["candidates"]), r["best"] or "—")
+        table.add_row(*map(Text, cells), _fmt(r["best_valid_fitness"]))
+    out.print(table)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store = open_run(args.runs_dir, args.run)
+    status = summary.status(store)
+    if _emit(args, status):
+        return 0
+    cfg, rounds = status["config"], status["rounds"]
+    out.print(
+        f"[bold]run {store.run_id}[/] · created {status['created_local']} · seed "
+        f"{escape(Path(cfg.get('seed_program', '?')).name)} · embedder {cfg.get('embedder')} · "
+        f"conversations {cfg.get('conversations') or 'all'}"
+    )
+    progress = ", ".join(f"{s} {r['done']}/{r['planned']}" for s, r in rounds.items())
+    where = status["stage"]
+    if where in rounds:
+        where = f"next: {where} round {status['round']} of {rounds[where]['planned']}"
+    out.print(f"rounds: {progress} — {where}", highlight=False)
+    if status["stopped"]:
+        out.print(f"[bold yellow]stopped:[/] {escape(status['stopped'])}", highlight=False)
+    best = status["best"]
+    if best:
+        out.print(
+            f"best overall: {best['id']} valid fitness {_fmt(best['fitness'])} (similarity "
+            f"{_fmt(best['similarity'])}, hit rate {_fmt(best['hit_rate'])})"
+        )
+    table = Table(title="specialists (best valid fitness on each capability)")
+    for column in ("capability", "candidate", "valid fitness"):
+        table.add_column(column)
+    for cap, s in status["specialists"].items():
+        table.add_row(f"{cap} {s['name']}", s["id"], _fmt(s["valid_fitness"]))
+    out.print(table)
+    counts = ", ".join(f"{n} {s}" for s, n in status["by_status"].items() if n)
+    out.print(f"candidates: {status['candidates']} ({counts or 'none'})")
+    _print_spend(status["spend"])
+    frozen = status["frozen"]
+    out.print(
+        "frozen: "
+        + (
+            ", ".join(f"{f['id']} (test fitness {_fmt(f['test']['fitness'])})" for f in frozen)
+            or "none"
+        )
+    )
+    return 0
+
+
+def _print_spend(spend: dict[str, Any]) -> None:
+    total = spend["total"]
+    if not total["calls"]:
+        out.print("spend: no LLM calls")
+        return
+
+    def line(t: dict[str, Any]) -> str:
+        return (
+            f"{t['calls']} calls ({t['cached_calls']} cached), {t['tokens']:,} tokens, "
+            f"${t['cost_usd']:.4f}"
+            + (f", {t['unpriced_calls']} unpriced" if t["unpriced_calls"] else "")
+        )
+
+    out.print(f"spend: {line(total)}", highlight=False)
+    for role, tally in spend["by_role"].items():
+        out.print(f"  {role}: {line(tally)}", highlight=False)
+
+
+def cmd_programs(args: argparse.Namespace) -> int:
+    store = open_run(args.runs_dir, args.run)
+    rows = [summary.candidate(c) for c in store.candidates()]
+    if _emit(args, {"run": store.run_id, "candidates": rows}):
+        return 0
+    cells = [
+        [r["id"] + (" *" if r["frozen"] else ""), r["stage"], r["capability"] or "", r["status"],
+         ", ".join(p.split("-")[0] for p in r["parents"]), _fmt(r["valid_fitness"]),
+         *(_fmt(r["by_capability"].get(cap)) for cap in CAPABILITIES), r["message"][:MESSAGE_WIDTH]]
+        for r in rows
+    ]  # fmt: skip
+    headers = ["id", "stage", "cap", "status", "parents", "valid", *CAPABILITIES]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
+    notes = ["* frozen"] if any(r["frozen"] for r in rows) else []
+    if sum(widths) + len(widths) + 20 > out.width:  # too narrow: keep the message readable
+        headers, widths = headers[:6], widths[:6]
+        cells = [row[:6] + row[-1:] for row in cells]
+        notes.append("per-capability columns hidden: widen the terminal or use --json")
+    table = Table(title=f"candidates of run {store.run_id} (fitness on valid)",
+                  caption="; ".join(notes) or None, box=box.SIMPLE_HEAD, padding=(0, 1),
+                  pad_edge=False, collapse_padding=True)  # fmt: skip
+    for column, width in zip(headers, widths, strict=True):  # fixed; the message gets the rest
+        justify: JustifyMethod = "right" if column in ("valid", *CAPABILITIES) else "left"
+        table.add_column(column, justify=justify, no_wrap=True, min_width=width)
+    room = out.width - sum(widths) - 2 * len(widths) - 2
+    table.add_column("message", no_wrap=True, overflow="ellipsis", max_width=max(8, room))
+    for row in cells:
+        table.add_row(*map(Text, row))  # messages may hold "[...]": never read as markup
+    out.print(table)
+    return 0
+
+
+# --- show, diff, lineage ------------------------------------------------------------------
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store, meta = resolve(args.runs_dir, args.candidate, args.run)
+    source = store.source(meta.id)
+    if _emit(args, {"candidate": name(store, meta), "meta": meta.model_dump(), "source": source}):
+        return 0
+    table = Table(title=name(store, meta), show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    scores = "; ".join(
+        f"{split} {_fmt(fitness(block.get('overall')))}" for split, block in meta.scores.items()
+    )
+    for field, value in (
+        ("stage", meta.stage),
+        ("capability", meta.capability or "—"),
+        ("status", meta.status),
+        ("parents", ", ".join(meta.parents) or "—"),
+        ("message", meta.message),
+        ("fitness", scores or "—"),
+        ("frozen", "yes" if meta.frozen else "no"),
+        ("created", summary.local_time(meta.created)),
+        ("sha256", meta.source_sha256),
+    ):
+        table.add_row(field, Text(str(value)))
+    out.print(table)
+    out.print(Syntax(source, "python", line_numbers=True, word_wrap=True))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    store_a, a = resolve(args.runs_dir, args.a, args.run)
+    store_b, b = resolve(args.runs_dir, args.b, args.run, default=store_a)
+    name_a, name_b = name(store_a, a), name(store_b, b)
+    lines = difflib.unified_diff(
+        store_a.source(a.id).splitlines(),
+        store_b.source(b.id).splitlines(),
+        fromfile=name_a,
+        tofile=name_b,
+        lineterm="",
+    )
+    diff = "\n".join(lines)
+    if _emit(args, {"a": name_a, "b": name_b, "diff": diff}):
+        return 0
+    if not diff:
+        out.print(f"{name_a} and {name_b} have the same source", markup=False, highlight=False)
+        return 0
+    styles = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
+    for line in diff.splitlines():
+        style = next((s for prefix, s in styles if line.startswith(prefix)), "")
+        out.print(Text(line, style=style), soft_wrap=True)
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    store, meta = resolve(args.runs_dir, args.candidate, args.run)
+    nodes = {m.id: m for m in summary.ancestry(store, meta.id)}
+    if _emit(
+        args,
+        {
+            "candidate": name(store, meta),
+            "ancestors": [summary.candidate(m) for m in nodes.values()],
+        },
+    ):
+        return 0
+
+    def label(m: CandidateMeta, repeated: bool) -> Text:
+        text = Text(m.id, style="bold")
+        text.append(f" {m.stage}" + (f" {m.capability}" if m.capability else ""), style="cyan")
+        text.append(f" {m.status} valid {_fmt(summary.split_fitness(m))}")
+        text.append(
+            " (shown above)" if repeated else f" — {m.message}", style="dim" if repeated else ""
+        )
+        return text
+
+    shown: set[str] = set()
+
+    def grow(tree: Tree, m: CandidateMeta) -> None:
+        repeated = m.id in shown
+        branch = tree.add(label(m, repeated))
+        shown.add(m.id)
+        if not repeated:
+            for parent in m.parents:
+                grow(branch, nodes[parent])
+
+    root = Tree(label(meta, False))
+    shown.add(meta.id)
+    for parent in meta.parents:
+        grow(root, nodes[parent])
+    out.print(root)
+    return 0
+
+
+# --- freeze, export -----------------------------------------------------------------------
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    store, meta = resolve(args.runs_dir, args.candidate, args.run)
+    result = ship.freeze(
+        store,
+        meta.id,
+        data_dir=args.data_dir,
+        cache_dir=args.cache_dir,
+        embedder=args.embedder,
+        jobs=args.jobs,
+        progress=lambda total: _progress(total, not args.no_progress, "test"),
+    )
+    ref = name(store, result.meta)
+    if not result.scored:
+        err.print(
+            f"{ref} was frozen before: its stored test scores (not scored again)", highlight=False
+        )
+    if result.others:
+        err.print(
+            f"[bold red]warning: run {store.run_id} has other frozen candidates "
+            f"({', '.join(result.others)}). Looking at the test scores of several candidates "
+            "is selection on test: report only the first one you froze.[/]",
+            highlight=False,
+        )
+    test = result.test
+    if _emit(
+        args,
+        {
+            "candidate": ref,
+            "scored": result.scored,
+            "other_frozen": result.others,
+            "test_fitness": fitness(test["overall"]),
+            "test": test,
+        },
+    ):
+        return 0
+    table = Table(title=f"test scores of {ref} (frozen)")
+    for column in ("capability", "n", "fitness", "similarity", "hit rate"):
+        table.add_column(column, justify="left" if column == "capability" else "right")
+    rows = [
+        (f"{cap} {CAPABILITY_NAMES[cap]}", block) for cap, block in test["by_capability"].items()
+    ]
+    for label, block in [*rows, ("[bold]overall", test["overall"])]:
+        table.add_row(
+            label,
+            str(block.get("n", "")),
+            _fmt(fitness(block)),
+            _fmt(block.get("evidence_similarity")),
+            _fmt(block.get("evidence_hit_rate")),
+        )
+    out.print(table)
+    if test["errors"]:
+        out.print(f"[red]{test['errors']} test questions failed[/]")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store, meta = resolve(args.runs_dir, args.candidate, args.run)
+    if meta.status != "evaluated":
+        err.print(
+            f"[yellow]warning:[/] {name(store, meta)} is {meta.status}, not evaluated",
+            highlight=False,
+        )
+    text = ship.export(store, meta.id, args.out, force=args.force)
+    report = {
+        "candidate": name(store, meta),
+        "out": str(args.out),
+        "source_sha256": meta.source_sha256,
+        "bytes": len(text.encode()),
+        "frozen": meta.frozen,
+        "check": "passed",
+    }
+    if not _emit(args, report):
+        out.print(
+            f"exported {report['candidate']} to {args.out} (sandbox check passed; "
+            f"{'frozen' if meta.frozen else 'not frozen'})",
+            markup=False,
+            highlight=False,
+        )
+    return 0
