@@ -4,14 +4,17 @@ The executor is the parent side of execution (design §2). It never runs program
 each conversation is a job for :func:`evolve.worker.run_conversation` in a pool of worker
 processes (joblib's loky executor, reused between evaluations so the embedding model loads once
 per worker). Workers decide per stage what to reuse from the stage store; the executor sums
-their counters, scores every question here with :mod:`evolve.scoring.offline` (scoring code
-never shares a process with a candidate), and writes per-question traces.
+their counters, scores every question here with :mod:`evolve.scoring.offline` and, when the
+task model answered, with the benchmark's answer scorer (:mod:`evolve.scoring.answers`; judge
+calls are made here, in the parent) — scoring code never shares a process with a candidate —
+and writes per-question traces.
 
 Invariants:
 - No program is evaluated before it has passed the sandbox (:func:`sandbox.check.check_program`)
   in this process.
 - A failing conversation (program error, crashed worker) fails only its own questions; they
-  score 0 on every metric they have and carry the error in their trace.
+  score 0 on every retrieval metric they have, their answers are scored as empty answers, and
+  they carry the error in their trace.
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
 """
 
@@ -31,7 +34,9 @@ from typing import Any
 from joblib.externals.loky import get_reusable_executor
 
 from evolve.datasets.types import Question, TaskSet
+from evolve.models.llm import LLMClient
 from evolve.program import source_digest
+from evolve.scoring.answers import make_scorer
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.stagecache import COMPONENTS, fingerprints
 from evolve.worker import (
@@ -75,8 +80,11 @@ def evaluate(
     jobs: int = 2,
     hit_threshold: float | None = None,
     on_progress: ProgressFn | None = None,
+    judge: LLMClient | None = None,
 ) -> EvalReport:
-    """Run every stage for every question of ``tasks`` and score the retrieved text."""
+    """Run every stage for every question of ``tasks``, score the retrieved text and, when the
+    task model answered, score the answers with the benchmark's own protocol (``judge``: the
+    client holding the judge model; None scores without a judge)."""
     try:
         source = Path(program_path).read_text()
         fps = fingerprints(source)
@@ -115,7 +123,20 @@ def evaluate(
                          question=item.question.question, scores=scores)  # fmt: skip
             traces.append(trace)
 
+    metrics = list(METRICS)
+    answers = make_scorer(tasks.bench, judge)
+    if not config.offline:
+        metrics += answers.metrics
+        for trace in traces:  # a failed question is scored as an empty answer
+            answer = trace.get("answer")
+            text = answer if isinstance(answer, str) and not trace.get("error") else ""
+            judged = answers.score(by_id[trace["id"]], text)
+            trace["scores"].update(judged.scores)
+            trace["judged"] = judged.detail
     rows = [(by_id[t["id"]], t["scores"]) for t in traces]
+    summary = aggregate(rows, metrics)
+    if not config.offline:
+        summary["headline"] = answers.summarize(rows)
     return EvalReport(
         meta={
             "program": str(program_path),
@@ -129,14 +150,15 @@ def evaluate(
             "models": {
                 "task": config.task_model.model if config.task_model else None,
                 "embedder": embedder.name,
-                "judge": None,
+                "judge": answers.describe()["judge"],
             },  # fmt: skip
-            "metrics": list(METRICS),
+            "judge": answers.describe(),
+            "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
             "errors": sum(1 for t in traces if t.get("error")),
             "seconds": round(time.perf_counter() - started, 3),
         },
-        scores=aggregate(rows),
+        scores=summary,
         stages=_sum_counters(r.counters for r in results.values()),
         usage=_sum_usage(u for r in results.values() for u in r.usage),
         work=_sum_work(results.values()),

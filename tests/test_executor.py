@@ -200,3 +200,32 @@ def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: P
     assert [{k: t.get(k) for k in keep} for t in one.traces] == [
         {k: t.get(k) for k in keep} for t in two.traces
     ]
+
+
+def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Path):
+    """Online with a scripted task model and a scripted judge: every rubric item is judged in
+    both variants, results carry the judge's identity, the headline is BEAM's."""
+    from evolve.models.llm import Models
+    from evolve.models.testing import ScriptedLLM
+
+    judge = ScriptedLLM(lambda role, stage, messages: (
+        "NO" if stage == "beam/align" else '{"score": 0.5, "reason": "partly"}'),
+        models=Models(judge=ModelConfig(model="scripted-judge")))  # fmt: skip
+    cfg = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
+                       embedder="hashing", script=task_script)  # fmt: skip
+    report = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
+    assert report.meta["judge"]["judge"] == "scripted-judge"
+    assert report.meta["models"]["judge"] == "scripted-judge"
+    assert "beam_official" in report.meta["metrics"]
+    rubric = [q for q in tasks.questions if q.ability != "event_ordering"]
+    assert judge.usage_summary()["judge"]["calls"] >= 2 * sum(len(q.rubric) for q in rubric)
+    for trace in report.traces:
+        q = next(q for q in tasks.questions if q.id == trace["id"])
+        if q.ability != "event_ordering" and q.rubric:
+            assert trace["scores"]["beam_official"] == 0.0  # int(0.5)
+            assert trace["scores"]["beam_described"] == 0.5
+    assert report.scores["headline"]["described"]["overall"] is not None
+    offline = evaluate(SEEDS / "dense.py", tasks, WorkerConfig(
+        cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
+    assert "beam_official" not in offline.meta["metrics"] and "headline" not in offline.scores
+    assert offline.meta["judge"]["judge"] is None

@@ -169,6 +169,7 @@ class Workload:
     questions: int  # train and valid questions (one plan and one answer call each)
     coder_prompt_chars: int  # the coder's first prompt for the seed
     repairs: int  # repair attempts allowed per round
+    judge_calls: int = 0  # judge calls to score one evaluation's answers (BEAM: per rubric item)
 
 
 def _usd(model: str, prompt: int, completion: int) -> float | None:
@@ -183,8 +184,14 @@ def _usd(model: str, prompt: int, completion: int) -> float | None:
     return float(cost_in + cost_out)
 
 
+JUDGE_PROMPT_CHARS, JUDGE_COMPLETION = 2_000, 40  # a rubric item with the answer; the verdict
+
+
 def estimate(
-    work: Workload, task: dict[str, Any] | None, coder: dict[str, Any] | None
+    work: Workload,
+    task: dict[str, Any] | None,
+    coder: dict[str, Any] | None,
+    judge: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows ``{"role", "what", "calls", "prompt_tokens", "completion_tokens", "usd"}``: upper
     bounds (every evaluation recomputes every stage; every round uses all its repairs) and,
@@ -207,6 +214,10 @@ def estimate(
         q = work.questions * n
         row("task", task, "planning", q, q * PLAN_PROMPT_CHARS // 4, q * PLAN_COMPLETION)
         row("task", task, "answers", q, q * ANSWER_PROMPT_CHARS // 4, q * ANSWER_COMPLETION)
+        if judge is not None:
+            calls = work.judge_calls * n
+            row("judge", judge, "answer scoring", calls, calls * JUDGE_PROMPT_CHARS // 4,
+                calls * JUDGE_COMPLETION)  # fmt: skip
     if coder is not None:
         prompt = work.coder_prompt_chars // CHARS_PER_TOKEN
         out = int(coder["max_tokens"])

@@ -73,6 +73,7 @@ class RunConfig:
     conversations: int | None = None  # only the first N conversations of each split (quick runs)
     task_model: dict[str, Any] | None = None  # a ModelConfig as JSON; None = offline retrieval
     coder_model: dict[str, Any] | None = None  # None = the offline proposer
+    judge_model: dict[str, Any] | None = None  # scores answers by the benchmark's protocol
     max_usd: float | None = None
     max_tokens: int | None = None
 
@@ -128,10 +129,13 @@ def task_set(config: RunConfig, split: str) -> TaskSet:
 
 def workload(config: RunConfig) -> Workload:
     """A run's model work, counted from its data (for ``evolve run --dry-run``)."""
-    windows = chars = questions = 0
+    windows = chars = questions = judged = 0
     for split in SPLITS:
         tasks = task_set(config, split)
         questions += len(tasks.questions)
+        # BEAM: two variants per rubric item; ordering: up to one call per (line, item) pair
+        judged += sum(len(q.rubric) ** 2 if q.ability == "event_ordering" else 2 * len(q.rubric)
+                      for q in tasks.questions)  # fmt: skip
         for segment in (s for c in tasks.conversations for s in c.sessions):
             for window in extraction_windows(segment):
                 windows += 1
@@ -140,7 +144,7 @@ def workload(config: RunConfig) -> Workload:
     prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
     rounds = sum(config.rounds.values())
     return Workload(rounds, rounds + 1, windows, chars, questions,
-                    len(prompt) + 4 * CASE_CHARS, REPAIRS)  # fmt: skip
+                    len(prompt) + 4 * CASE_CHARS, REPAIRS, judged)  # fmt: skip
 
 
 Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds in total)
@@ -177,6 +181,13 @@ class Evolution:
         self.proposer: Proposer = (
             CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
         )
+        self.judge = None
+        if config.judge_model is not None:
+            self.judge = LLMClient(
+                Models(judge=ModelConfig(**config.judge_model)),
+                log_path=calls_path(store.root),
+                cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
+            )
         task = ModelConfig(**config.task_model) if config.task_model else None
         self.worker = WorkerConfig(
             cache_dir=config.cache_dir, task_model=task, embedder=config.embedder,
@@ -340,10 +351,12 @@ class Evolution:
         seconds = 0.0
         try:
             for split in SPLITS:
-                result = evaluate(path, self.tasks(split), self.worker, jobs=self.config.jobs)
+                result = evaluate(path, self.tasks(split), self.worker, jobs=self.config.jobs,
+                                  judge=self.judge)  # fmt: skip
                 scores[split] = {
                     "overall": result.scores["overall"],
                     "by_capability": result.scores["by_capability"],
+                    "headline": result.scores.get("headline"),
                     "errors": result.meta["errors"],
                 }
                 usage[split] = result.usage

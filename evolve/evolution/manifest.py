@@ -69,6 +69,7 @@ def build_manifest(config: RunConfig, bench: str = "beam") -> dict[str, Any]:
         "models": {
             "task": config.task_model,
             "coder": config.coder_model,
+            "judge": config.judge_model,
             "embedder": EMBEDDERS.get(config.embedder, config.embedder),
         },
         "packages": package_versions(),

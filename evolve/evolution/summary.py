@@ -1,6 +1,6 @@
 """A run seen from outside: JSON-ready summaries of runs, candidates and their ancestry.
 
-Used by the inspect commands (:mod:`evolve.runs_cli`) and by exports (:mod:`.ship`). Nothing
+Used by the inspect commands (:mod:`evolve.cli_inspect`) and by exports (:mod:`.ship`). Nothing
 here writes to a run. Everything is derived from the store on each call — best overall and
 specialists come from :func:`~evolve.evolution.loop.best_overall` and
 :func:`~evolve.evolution.loop.specialists`, spend from the call log — so a summary can never

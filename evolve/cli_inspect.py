@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evolve.cli import UsageError, _progress, err, out
+from evolve.cli import ProgressBar, UsageError, err, out
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import ship, summary
 from evolve.evolution.loop import fitness
@@ -396,7 +396,7 @@ def cmd_freeze(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         embedder=args.embedder,
         jobs=args.jobs,
-        progress=lambda total: _progress(total, not args.no_progress, "test"),
+        progress=lambda total: ProgressBar(total, not args.no_progress, "test"),
     )
     ref = name(store, result.meta)
     if not result.scored:

@@ -1,0 +1,206 @@
+"""The ``evolve run`` command: build or reopen a run, estimate it, run the loop, report.
+
+Parsing and output only; the loop is :mod:`evolve.evolution.loop`, the manifest
+:mod:`evolve.evolution.manifest`, the estimate and caps :mod:`evolve.evolution.budget`. Errors
+follow :mod:`evolve.cli`: one ``error:`` line and exit status 2 (:class:`~evolve.cli.UsageError`);
+a run stopped by an error or a cap keeps everything it computed and resumes with ``--resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from evolve.cli import (
+    ProgressBar,
+    UsageError,
+    add_run_options,
+    data_dir,
+    default_cache_dir,
+    err,
+    out,
+)
+
+
+def add_command(sub: Any) -> None:
+    """Register ``run`` on the ``evolve`` parser's subparsers."""
+    run = sub.add_parser("run", help="evolve a memory program (offline: its tunable constants)")
+    run.add_argument(
+        "--seed",
+        type=Path,
+        default=None,
+        help="starting program (default seeds/hybrid.py offline, seeds/simple.py with a coder)",
+    )
+    run.add_argument(
+        "--model", default="none", help="task LLM as a litellm id, or 'none' (offline retrieval)"
+    )
+    run.add_argument(
+        "--coder",
+        default=None,
+        help="coding LLM as a litellm id (default: --model); 'none' = the offline proposer",
+    )
+    run.add_argument("--api-base", default=None, help="API base URL for the models (local servers)")
+    run.add_argument(
+        "--rounds",
+        default=None,
+        help="rounds of cold start, refinement, integration (default 2,6,2); with "
+        "--resume, raises the run's caps",
+    )
+    run.add_argument("--max-usd", type=float, default=None, help="stop before spending more USD")
+    run.add_argument("--max-tokens", type=int, default=None, help="stop before more LLM tokens")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the work and cost estimate; run nothing"
+    )
+    run.add_argument(
+        "--conversations",
+        type=int,
+        default=None,
+        help="use only the first N conversations of train and valid (quick runs)",
+    )
+    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
+    add_run_options(run)
+
+
+def _model(name: str | None, api_base: str | None, **params: Any) -> dict[str, Any] | None:
+    if name is None or name.lower() in ("none", ""):
+        return None
+    from evolve.models.llm import ModelConfig
+
+    return ModelConfig(model=name, api_base=api_base, **params).model_dump()
+
+
+def _run_config(args: argparse.Namespace) -> Any:
+    """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
+    from evolve.evolution.loop import RunConfig
+
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    for flag in ("max_usd", "max_tokens"):
+        value = getattr(args, flag)
+        if value is not None and not value >= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be a non-negative number")
+    try:
+        counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
+    except ValueError:
+        counts = []
+    if len(counts) != 3 or min(counts) < 0:
+        raise UsageError("--rounds takes three non-negative numbers, e.g. 2,6,2")
+    rounds = dict(zip(("cold_start", "refinement", "integration"), counts, strict=True))
+    caps: dict[str, Any] = {
+        k: getattr(args, k) for k in ("max_usd", "max_tokens") if getattr(args, k) is not None
+    }
+    if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
+        config = RunConfig(**_open_run(args)[1]["config"])
+        if args.rounds:
+            caps["rounds"] = rounds
+        return dataclasses.replace(config, **caps)
+    task = _model(args.model, args.api_base)
+    from evolve.evolution.coder import MAX_TOKENS
+
+    coder_id = args.model if args.coder is None else args.coder
+    coder = _model(coder_id, args.api_base, max_tokens=MAX_TOKENS)
+    default_seed = "simple.py" if coder else "hybrid.py"
+    seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / default_seed
+    if not Path(seed).is_file():
+        raise UsageError(f"seed program {seed} not found")
+    return RunConfig(
+        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
+        cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
+        embedder=args.embedder, conversations=args.conversations, task_model=task,
+        coder_model=coder, judge_model=_model(args.judge, args.api_base, max_tokens=256),
+        **caps,
+    )  # fmt: skip
+
+
+def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from evolve.evolution.store import RunNotFound, RunStore
+
+    try:
+        store = RunStore.open(args.runs_dir, args.resume)
+    except RunNotFound as exc:
+        raise UsageError(str(exc)) from None
+    return store, store.manifest
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from evolve.evolution.budget import read_spend
+    from evolve.evolution.loop import Evolution, fitness
+    from evolve.evolution.manifest import build_manifest
+    from evolve.evolution.store import RunStore
+    from evolve.executor import EvalError
+    from evolve.models.llm import LLMError
+
+    config = _run_config(args)
+    if args.dry_run:
+        return _dry_run(config)
+    store = _open_run(args)[0] if args.resume else RunStore.create(
+        args.runs_dir, build_manifest(config, args.bench))  # fmt: skip
+    seed = Path(config.seed_program).name
+    if config.coder_model is None:
+        err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
+                  f"proposer mutates {seed}'s tunable constants (run {store.run_id})")  # fmt: skip
+    else:
+        err.print(f"coder {config.coder_model['model']} revises {seed} (run {store.run_id})")
+    if config.task_model is None:
+        err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
+                  "[/] one unit per message, the question is the query, no answers")  # fmt: skip
+    with ProgressBar(sum(config.rounds.values()), not args.no_progress, "round") as advance:
+        done = [0]
+
+        def progress(description: str, finished: int, total: int) -> None:
+            advance(finished - done[0], description)
+            done[0] = finished
+
+        evolution = Evolution(store, config, progress)
+        try:
+            best = evolution.run()
+        except (EvalError, LLMError) as exc:
+            raise UsageError(f"{exc} (resume with: evolve run --resume {store.run_id})") from None
+    seed_meta = store.candidates()[0]
+    for label, meta in (("seed", seed_meta), ("best", best)):
+        v = meta.scores["valid"]["overall"]
+        sim, hit = v["evidence_similarity"], v["evidence_hit_rate"]
+        out.print(f"{label} {meta.id}: valid fitness {fitness(v):.3f} "
+                  f"(similarity {sim:.3f}, hit rate {hit:.3f})")  # fmt: skip
+    spend = read_spend(store.root).total
+    if spend.calls:
+        out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"
+                  + (f" ({spend.unpriced_calls} without a known price)"
+                     if spend.unpriced_calls else ""))  # fmt: skip
+    out.print(f"run {store.run_id}: {len(store.candidates())} candidates in {store.root}")
+    if evolution.stopped:
+        resume = f"evolve run --resume {store.run_id}"
+        err.print(f"[yellow]stopped early: {escape(evolution.stopped)}[/] — continue with "
+                  f"{resume} and a higher cap", highlight=False)  # fmt: skip
+    return 0
+
+
+def _dry_run(config: Any) -> int:
+    from evolve.evolution.budget import estimate
+    from evolve.evolution.loop import workload
+
+    work = workload(config)
+    rows = estimate(work, config.task_model, config.coder_model, config.judge_model)
+    out.print(f"dry run: {work.rounds} rounds, up to {work.evaluations} evaluations of "
+              f"{work.questions} train+valid questions; {work.extract_windows} extraction "
+              f"windows ({work.extract_chars:,} characters) per full evaluation")  # fmt: skip
+    if not rows:
+        out.print("no LLM configured: the run makes no model call and costs nothing")
+        return 0
+    table = Table(title="estimated model work (tokens ≈ characters / 4; upper bounds)")
+    for column in ("role", "model", "what", "calls", "prompt tokens", "completion tokens", "USD"):
+        table.add_column(column, justify="right" if column[0] in "cpU" else "left")
+    for r in rows:
+        usd = "unknown price" if r["usd"] is None else f"{r['usd']:.2f}"
+        table.add_row(r["role"], r["model"], r["what"], f"{r['calls']:,}",
+                      f"{r['prompt_tokens']:,}", f"{r['completion_tokens']:,}", usd)  # fmt: skip
+    out.print(table)
+    caps = [f"${config.max_usd:g}" if config.max_usd is not None else None,
+            f"{config.max_tokens:,} tokens" if config.max_tokens is not None else None]  # fmt: skip
+    out.print("caps: " + (", ".join(c for c in caps if c) or "none (set --max-usd/--max-tokens)"))
+    return 0
