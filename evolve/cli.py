@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--program", required=True, type=Path, help="memory program file (.py)")
     ev.add_argument(
         "--split",
-        default="valid",
-        help="train | valid | holdout | test | all | all:<size> (e.g. all:1M)",
+        default=None,
+        help="BEAM: train | valid (default) | holdout | test | all | all:<size> (e.g. all:1M); "
+        "LoCoMo: train | valid | test | all (default); LongMemEval: see README",
     )
     ev.add_argument(
         "--model",
@@ -312,27 +313,41 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def _score_table(title: str, label: str, rows: dict[str, Any], metrics: list[str]) -> Table:
+    table = Table(title=title)
+    table.add_column(label)
+    table.add_column("n", justify="right")
+    for m in metrics:
+        table.add_column(m.replace("_", " "), justify="right")
+    for name, row in rows.items():
+        table.add_row(name, str(row["n"]), *(_fmt(row.get(m)) for m in metrics))
+    return table
+
+
+def _headline(block: dict[str, Any], prefix: str = "") -> list[str]:
+    """The benchmark's headline numbers: overall scores and accuracies, one line each."""
+    lines = []
+    for key, value in block.items():
+        if isinstance(value, dict):
+            lines += _headline(value, f"{prefix}{key} ")
+        elif isinstance(value, float) and ("overall" in key or "accuracy" in key):
+            lines.append(f"{prefix}{key.replace('_', ' ')}: {value:.3f}")
+    return lines
+
+
 def _print_report(report: dict[str, Any]) -> None:
     meta, scores = report["meta"], report["scores"]
     out.print(f"[bold]{meta['mode']}[/] · {meta['bench']} {meta['split']} · "
               f"{meta['questions']} questions in {meta['conversations']} conversations · "
               f"program {meta['program']} ({meta['program_hash'][:8]})")  # fmt: skip
     metrics = meta["metrics"]
-    table = Table(title=f"scores by capability (hit threshold {meta['hit_threshold']})")
-    table.add_column("capability")
-    table.add_column("n", justify="right")
-    for m in metrics:
-        table.add_column(m.replace("_", " "), justify="right")
-    for cap, row in scores["by_capability"].items():
-        table.add_row(
-            f"{cap} {CAPABILITY_NAMES[cap]}", str(row["n"]), *(_fmt(row[m]) for m in metrics)
-        )
-    overall = scores["overall"]
-    table.add_row("[bold]overall", str(overall["n"]), *(_fmt(overall[m]) for m in metrics))
-    out.print(table)
-    for variant, block in scores.get("headline", {}).items():
-        if isinstance(block, dict) and block.get("overall") is not None:
-            out.print(f"{variant}: overall {block['overall']:.3f}")
+    by_cap = {f"{c} {CAPABILITY_NAMES[c]}": row for c, row in scores["by_capability"].items()}
+    by_cap["[bold]overall"] = scores["overall"]
+    threshold = f"hit threshold {meta['hit_threshold']}"
+    out.print(_score_table(f"scores by capability ({threshold})", "capability", by_cap, metrics))
+    out.print(_score_table(f"scores by {meta['bench']} type", "type", scores["by_type"], metrics))
+    for line in _headline(scores.get("headline") or {}):
+        out.print(line)
     if meta["mode"] != "offline: retrieval-only":
         out.print(f"judge: {meta['judge']['judge'] or 'none'} — {meta['judge']['note']}")
     stages = ", ".join(f"{s} {c['computed']}/{c['reused']}" for s, c in report["stages"].items())

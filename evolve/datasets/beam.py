@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from datetime import date
@@ -35,6 +34,7 @@ from evolve.datasets.types import (
     Question,
     Segment,
     TaskSet,
+    read_json,
 )
 
 SIZES: tuple[str, ...] = ("100K", "500K", "1M", "10M")
@@ -82,6 +82,7 @@ CHAT_FILES: tuple[str, ...] = ("chat_trunecated.json", "chat.json")  # preferenc
 QUESTIONS_FILE = Path("probing_questions") / "probing_questions.json"
 TOPIC_FILE = "topic.json"
 SPLIT_NAMES: tuple[str, ...] = ("train", "valid", "holdout", "test")
+DEFAULT_SPLIT = "valid"  # what `evolve eval` scores unless told otherwise
 DEFAULT_SPLITS_FILE = Path(__file__).resolve().parents[2] / "splits" / "beam.json"
 
 _MONTH_NAMES = (
@@ -126,22 +127,6 @@ def chat_file(conv_dir: Path) -> Path | None:
         if (conv_dir / name).is_file():
             return conv_dir / name
     return None
-
-
-def read_json(path: Path) -> Any:
-    """Parse one JSON file; any failure becomes a one-line `DataError` naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON (line {e.lineno} column {e.colno})") from None
 
 
 def conv_sort_key(name: str) -> tuple[int, int, str]:

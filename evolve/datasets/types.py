@@ -1,4 +1,5 @@
-"""Benchmark-neutral data types: conversations, the segments a program sees, and questions.
+"""Benchmark-neutral data types: conversations, the segments a program sees, and questions;
+and :func:`read_json`, the one way loaders read a benchmark file (errors become one line).
 
 Every loader (BEAM, LoCoMo, LongMemEval) converts its files into these types; nothing
 downstream knows which benchmark a conversation came from.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 CAPABILITIES: tuple[str, ...] = ("F", "T", "P", "M", "A")
@@ -110,3 +112,19 @@ class TaskSet:
         for q in self.questions:
             out[q.conversation_id].append(q)
         return out
+
+
+def read_json(path: Path) -> Any:
+    """Parse one JSON file; any failure becomes a one-line `DataError` naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON (line {e.lineno} column {e.colno})") from None
