@@ -342,7 +342,7 @@ class _Run:
         trace: dict[str, Any] = {"id": q.id, "conversation_id": q.conversation_id}
         plan_key = self.keys.plan(q.question, q.question_date)
         retrieve_key = self.keys.retrieve(self.index_key, plan_key)
-        answer_key = self.keys.answer(retrieve_key, q.question)
+        answer_key = self.keys.answer(retrieve_key, posed(q))
         stage = "plan"
         try:
             trace["query"] = self._cached_json("plan", plan_key, lambda: self._plan(q))
@@ -414,9 +414,15 @@ class _Run:
             f"{_instruction(self.source, 'ANSWER_INSTRUCTION')}\n\n"
             f"Retrieved memories:\n{retrieved}\n\n"
             + (f"Today is {q.question_date}.\n" if q.question_date else "")
-            + f"Question: {q.question}\nAnswer:"
+            + f"Question: {posed(q)}\nAnswer:"
         )
         return self.llm.complete("task", f"{self.config.stage_label}/answer", prompt).text
+
+
+def posed(q: Question) -> str:
+    """The question as the answer model sees it: ``meta["posed"]`` when the benchmark's
+    protocol poses it differently (LoCoMo's category 2 and 5), else the question itself."""
+    return str(q.meta.get("posed") or q.question)
 
 
 def run_conversation(

@@ -58,6 +58,36 @@ def test_eval_json_report(one_conv: Path, tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.parametrize(
+    ("bench", "data", "types", "questions"),
+    [
+        ("locomo", None, 5, 199),  # the shipped sample: every category, default split `all`
+        ("longmemeval", ROOT / "tests" / "fixtures", 6, 14),  # the fixture, split `all`
+    ],
+)
+def test_eval_other_benchmarks_share_the_json_layout(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], bench: str,
+    data: Path | None, types: int, questions: int,
+):  # fmt: skip
+    split = [] if bench == "locomo" else ["--split", "all"]
+    code, out, err = run_cli(
+        capsys, "eval", "--program", DENSE, "--bench", bench, *split,
+        "--data-dir", str(data or data_dir), "--json", "--embedder", "hashing", "--jobs", "2",
+        "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+        "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["meta"]["bench"] == bench and report["meta"]["questions"] == questions
+    assert set(report["scores"]) == {"overall", "by_capability", "by_type"}
+    assert len(report["scores"]["by_type"]) == types
+    recall = [row["evidence_recall"] for row in report["scores"]["by_type"].values()]
+    assert any(r is not None and r > 0 for r in recall)
+    assert (
+        report["meta"]["judge"]["judge"] is None and "no judge" in report["meta"]["judge"]["note"]
+    )
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--data-dir", "/nonexistent/data"], "data directory /nonexistent/data does not exist"),

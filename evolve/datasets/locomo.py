@@ -272,6 +272,9 @@ def parse_questions(sample: dict[str, Any], conv: Conversation, path: Path) -> l
             raise DataError(f"{path}: {where} (category {category}) has no 'answer'")
         else:
             gold = _answer_text(q["answer"], where, path)
+        posed = _posed(f"locomo/{sid}/{i}", q["question"], category, meta)
+        if posed != q["question"]:
+            meta["posed"] = posed
         ids, repairs, dropped = evidence_ids(evidence, known)
         if repairs:
             meta["evidence_repairs"] = repairs
@@ -291,6 +294,21 @@ def parse_questions(sample: dict[str, Any], conv: Conversation, path: Path) -> l
             )
         )
     return questions
+
+
+def _posed(qid: str, question: str, category: int, meta: dict[str, Any]) -> str:
+    """The question as LoCoMo's official QA run poses it to the answer model: category 2 asks
+    for an approximate date; category 5 is a two-way choice between "Not mentioned in the
+    conversation" and the adversarial answer, in an order fixed per question (the official
+    code draws it at random)."""
+    if category == 2:
+        return f"{question} Use DATE of CONVERSATION to answer with an approximate date."
+    trap = meta.get("adversarial_answer") or meta.get("answer")
+    if category != 5 or not trap:
+        return question
+    options = [NOT_MENTIONED, trap]
+    random.Random(qid).shuffle(options)
+    return f"{question} Select the correct answer: (a) {options[0]} (b) {options[1]}."
 
 
 def load_sample(sample: dict[str, Any], path: Path) -> tuple[Conversation, list[Question]]:

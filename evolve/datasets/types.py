@@ -9,6 +9,8 @@ Invariants:
 - Message ids are strings, unique within a conversation (BEAM's integer ids are stringified).
 - A `Segment` is one session of the history in source order, with its date when the benchmark
   gives one (ISO ``YYYY-MM-DD`` when parseable, otherwise the benchmark's own text).
+- `Question.meta["posed"]`, when present, is the question as the benchmark's protocol poses it
+  to the answer model (planning and retrieval see `Question.question`).
 - `Question.capability` is the *native* capability of the benchmark's question type (design
   §3); it is used to group results and is never shown to a memory program.
 """
