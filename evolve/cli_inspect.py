@@ -37,7 +37,7 @@ from rich.tree import Tree
 from evolve.cli import ProgressBar, UsageError, err, out
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import ship, summary
-from evolve.evolution.loop import fitness
+from evolve.evolution.archive import fitness
 from evolve.evolution.store import CandidateMeta, CandidateNotFound, RunNotFound, RunStore
 
 COMMANDS: tuple[str, ...] = (

@@ -63,6 +63,25 @@ def add_command(sub: Any) -> None:
         help="use only the first N conversations of train and valid (quick runs)",
     )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
+    ablations = run.add_argument_group("ablations (design §4)")
+    ablations.add_argument(
+        "--holistic", action="store_true", help="no capabilities: no targets, no specialists"
+    )
+    ablations.add_argument(
+        "--no-integration", action="store_true", help="skip trace-guided integration"
+    )
+    ablations.add_argument(
+        "--selection",
+        choices=["dependency", "round-robin"],
+        default="dependency",
+        help="how refinement picks its capability (default: dependency-aware)",
+    )
+    ablations.add_argument(
+        "--cases",
+        choices=["worst", "random"],
+        default="worst",
+        help="which failing cases the proposer sees (default: the worst)",
+    )
     add_run_options(run)
 
 
@@ -91,6 +110,8 @@ def _run_config(args: argparse.Namespace) -> Any:
     if len(counts) != 3 or min(counts) < 0:
         raise UsageError("--rounds takes three non-negative numbers, e.g. 2,6,2")
     rounds = dict(zip(("cold_start", "refinement", "integration"), counts, strict=True))
+    if args.no_integration:
+        rounds["integration"] = 0
     caps: dict[str, Any] = {
         k: getattr(args, k) for k in ("max_usd", "max_tokens") if getattr(args, k) is not None
     }
@@ -113,7 +134,7 @@ def _run_config(args: argparse.Namespace) -> Any:
         cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         coder_model=coder, judge_model=_model(args.judge, args.api_base, max_tokens=256),
-        **caps,
+        holistic=args.holistic, selection=args.selection, cases=args.cases, **caps,
     )  # fmt: skip
 
 
@@ -128,8 +149,9 @@ def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from evolve.evolution.archive import fitness
     from evolve.evolution.budget import read_spend
-    from evolve.evolution.loop import Evolution, fitness
+    from evolve.evolution.loop import Evolution
     from evolve.evolution.manifest import build_manifest
     from evolve.evolution.store import RunStore
     from evolve.executor import EvalError

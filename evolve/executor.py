@@ -33,6 +33,7 @@ from typing import Any
 
 from joblib.externals.loky import get_reusable_executor
 
+from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
 from evolve.models.llm import LLMClient
 from evolve.program import source_digest
@@ -137,6 +138,8 @@ def evaluate(
     summary = aggregate(rows, metrics)
     if not config.offline:
         summary["headline"] = answers.summarize(rows)
+    if config.diagnose:
+        summary["diagnostics"] = diagnostics.summarize(traces)
     return EvalReport(
         meta={
             "program": str(program_path),

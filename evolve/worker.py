@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from evolve.datasets.types import Conversation, Question, Segment
+from evolve.diagnostics import question_diagnostics
 from evolve.models.embed import Embedder, HashingEmbedder
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
@@ -61,6 +62,7 @@ class WorkerConfig:
     max_complete_calls: int = 8
     step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
+    diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
     # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through
     # ScriptedLLM instead of litellm. Never set from the command line.
     script: Callable[..., str] | None = None
@@ -342,7 +344,7 @@ class _Run:
         trace: dict[str, Any] = {"id": q.id, "conversation_id": q.conversation_id}
         plan_key = self.keys.plan(q.question, q.question_date)
         retrieve_key = self.keys.retrieve(self.index_key, plan_key)
-        answer_key = self.keys.answer(retrieve_key, posed(q))
+        answer_key = self.keys.answer(retrieve_key, q.posed)
         stage = "plan"
         try:
             trace["query"] = self._cached_json("plan", plan_key, lambda: self._plan(q))
@@ -399,6 +401,24 @@ class _Run:
             raise HostFailure("program host: a query must come back as a record")
         return query
 
+    def stored_units(self, i: int) -> list[dict[str, Any]] | None:
+        """Session i's units if the store holds them (not counted as reuse)."""
+        units = self.store.get_json("extract", self.extract_keys[i])
+        return None if units is None else list(units)
+
+    def probe(self, text: str) -> str:
+        """What retrieval returns when ``text`` is the question, through the program's own
+        offline query stand-in (no LLM call); cached like any retrieval, not counted."""
+        plan_key = self.keys.plan(f"probe:{text}", None)
+        key = self.keys.retrieve(self.index_key, plan_key)
+        result = self.store.get_json("retrieve", key)
+        if result is None:
+            payload = {"question": text, "date": None, "record": None}
+            query, _ = self.call("query", payload, timeout=self.config.step_seconds)
+            result = self._retrieve(query)
+            self.store.put_json("retrieve", key, result)
+        return str(result["retrieved"])
+
     def _retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
         self.ensure_memory()
         result, _ = self.call("retrieve", {"query": query}, timeout=self.config.step_seconds)
@@ -414,15 +434,9 @@ class _Run:
             f"{_instruction(self.source, 'ANSWER_INSTRUCTION')}\n\n"
             f"Retrieved memories:\n{retrieved}\n\n"
             + (f"Today is {q.question_date}.\n" if q.question_date else "")
-            + f"Question: {posed(q)}\nAnswer:"
+            + f"Question: {q.posed}\nAnswer:"
         )
         return self.llm.complete("task", f"{self.config.stage_label}/answer", prompt).text
-
-
-def posed(q: Question) -> str:
-    """The question as the answer model sees it: ``meta["posed"]`` when the benchmark's
-    protocol poses it differently (LoCoMo's category 2 and 5), else the question itself."""
-    return str(q.meta.get("posed") or q.question)
 
 
 def run_conversation(
@@ -444,6 +458,13 @@ def run_conversation(
     try:
         for q in questions:
             traces.append(run.question(q))
+            if config.diagnose and not traces[-1].get("error"):
+                try:
+                    traces[-1]["diagnostics"] = question_diagnostics(
+                        q, conv, run.stored_units, run.probe, run.embedder
+                    )
+                except (HostFailure, ProgramFailure) as exc:
+                    traces[-1]["diagnostics_error"] = str(exc)[:300]
             if ticks is not None:
                 ticks.put(conv.id)
     finally:

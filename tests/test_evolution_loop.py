@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from evolve.evolution.loop import Evolution, RunConfig, best_overall, fitness, specialists
+from evolve.evolution.archive import fitness
+from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]

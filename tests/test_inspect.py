@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from evolve.cli import main
-from evolve.evolution.loop import Evolution, RunConfig, best_overall, fitness, specialists
+from evolve.evolution.archive import fitness
+from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.ship import HEADER_MARK, split_preamble
 from evolve.evolution.store import RunStore
 from evolve.program import CONTRACT_VERSION

@@ -356,18 +356,16 @@ def test_summarize_per_category_and_overall() -> None:
 def test_questions_are_posed_as_the_official_qa_run_poses_them(
     tasks: TaskSet, data_dir: Path
 ) -> None:
-    from evolve.worker import posed
-
     by_cat: dict[int, list[Any]] = {}
     for q in tasks.questions:
         by_cat.setdefault(q.meta["category"], []).append(q)
-    assert all(posed(q).endswith("answer with an approximate date.") for q in by_cat[2])
-    assert all(posed(q) == q.question and "posed" not in q.meta for q in by_cat[4])
-    choices = [posed(q) for q in by_cat[5]]
+    assert all(q.posed.endswith("answer with an approximate date.") for q in by_cat[2])
+    assert all(q.posed == q.question and "posed" not in q.meta for q in by_cat[4])
+    choices = [q.posed for q in by_cat[5]]
     for q, text in zip(by_cat[5], choices, strict=True):
         assert "(a) " in text and "(b) " in text and "Not mentioned in the conversation" in text
         assert q.meta["adversarial_answer"] in text
     first = [t.split("(a) ")[1].startswith("Not mentioned") for t in choices]
     assert 0 < sum(first) < len(first)  # the order varies between questions ...
     again = locomo.load_taskset(data_dir, "all")  # ... and is the same on every load
-    assert [posed(q) for q in again.questions if q.meta["category"] == 5] == choices
+    assert [q.posed for q in again.questions if q.meta["category"] == 5] == choices

@@ -99,6 +99,11 @@ class Question:
     question_date: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
+    @property
+    def posed(self) -> str:
+        """The question as the answer model sees it (see the module's invariants)."""
+        return str(self.meta.get("posed") or self.question)
+
 
 @dataclass(frozen=True)
 class TaskSet:

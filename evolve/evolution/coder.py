@@ -19,6 +19,10 @@ Invariants:
   exactly once (else the reply is refused with the reason, which becomes repair feedback). A
   reply with no block is used whole when it holds one fenced Python program defining
   ``class Memory``; anything else is refused.
+- History-guided diagnosis (design §4): when there are cases, the model first writes a short
+  diagnosis (stage ``<stage>/diagnose``) from the cases and the history of earlier revisions of
+  the target capability, then patches with its diagnosis in view. Integration shows both
+  sides' changes against their common ancestor and paired differential cases.
 - A repair continues the same conversation: the model sees its own reply and the error, and
   its new blocks apply to the program its last reply produced (or to the parent when that reply
   did not apply).
@@ -32,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -42,6 +47,8 @@ from evolve.models.llm import LLMClient, Message
 from sandbox.static import ALLOWED_IMPORTS
 
 MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program
+DIAGNOSIS_TOKENS = 400
+DIFF_CHARS = 6_000  # per side of an integration diff
 METRICS = ("evidence_similarity", "evidence_hit_rate", "evidence_recall", "answer_recall")
 
 _BLOCK = re.compile(
@@ -84,6 +91,11 @@ or more edit blocks:
 
 Blocks apply in order. To rewrite the program entirely, reply instead with the MESSAGE line and
 the whole new program in one ```python fenced block."""
+
+DIAGNOSE = """Before changing anything, diagnose. From the cases and the history above, say in
+at most 200 words: which component (extraction, indexing, planning, retrieval, packing of the
+retrieved text) loses the evidence, why, and what change should fix it without hurting other
+capabilities. Do not write code yet."""
 
 REPAIR = """Your last reply could not be used:
 
@@ -160,21 +172,70 @@ def _history(request: Request) -> str:
         return "(none yet)"
     lines = []
     for h in request.history:
-        fit = h.get("valid_fitness")
-        result = h["status"] if fit is None else f"{h['status']}, valid fitness {fit:.3f}"
-        delta = h.get("delta")
-        result += "" if delta is None else f" ({delta:+.3f} vs its parent)"
+        result = h["status"]
+        if h.get("train_delta") is not None:
+            effects = ", ".join(f"{c} {d:+.3f}" for c, d in sorted(h["by_capability"].items()))
+            result += f"; train fitness {h['train_delta']:+.3f} vs its parent ({effects})"
         target = f" {h['capability']}" if h.get("capability") else ""
         lines.append(f"- {h['id']} {h['stage']}{target}: {h['message']} -> {result}")
     return "\n".join(lines)
+
+
+def _diagnostics(table: dict[str, Any]) -> str:
+    keys = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
+    lines = ["| capability | d_ext | d_idx | d_ret | mean unit chars | mean retrieved chars |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for group, row in table.items():
+        values = [
+            "—"
+            if row.get(k) is None
+            else f"{row[k]:.3f}"
+            if k.startswith("d_")
+            else f"{row[k]:,.0f}"
+            for k in keys
+        ]
+        lines.append(f"| {group} | {' | '.join(values)} |")
+    return (
+        "## Stage diagnostics of the current program (train)\n"
+        "For each evidence message e: d_ext = best cosine between e and the units extracted "
+        "from its session; d_idx = best cosine between e and what retrieval returns when e "
+        "itself is the query; d_ret = the same for the real question. High d_ext but low "
+        "d_idx points at indexing; high d_idx but low d_ret at planning or retrieval.\n"
+        + "\n".join(lines)
+    )
+
+
+def _diff(old: Program, new: Program) -> str:
+    lines = difflib.unified_diff(old.source.splitlines(), new.source.splitlines(),
+                                 old.id, new.id, lineterm="", n=2)  # fmt: skip
+    text = "\n".join(lines)
+    return text if len(text) <= DIFF_CHARS else text[:DIFF_CHARS] + "\n... [diff cut]"
+
+
+def _differential(n: int, case: dict[str, Any]) -> str:
+    other = case["other"]
+    return "\n".join([
+        _case(n, case),
+        f"Specialist's query plan: {other['query']}",
+        f"Specialist retrieved ({other['retrieved_chars']:,} chars; the head):",
+        other["retrieved"],
+        "Specialist's scores: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}"
+                                            for k, v in other["scores"].items()),
+    ])  # fmt: skip
 
 
 def _source(label: str, prog: Program) -> str:
     return f"## {label} ({prog.id})\n```python\n{prog.source}\n```"
 
 
-def render_request(request: Request, specialist: Program | None = None) -> str:
-    """The user message for one proposal."""
+def render_request(
+    request: Request,
+    specialist: Program | None = None,
+    diagnosis: str | None = None,
+    ask_diagnosis: bool = False,
+) -> str:
+    """The user message for one proposal (``ask_diagnosis``: for the diagnosis call instead;
+    ``diagnosis``: the model's diagnosis, shown before the patch is asked for)."""
     target = request.target or (specialist and _specialty(request, specialist))
     task = STAGE_TASKS[request.stage].format(
         target=target, name=CAPABILITY_NAMES.get(target or "", "")
@@ -186,15 +247,28 @@ def render_request(request: Request, specialist: Program | None = None) -> str:
         f"## Scores of the current program on the train split\n"
         f"{_score_table(request.parent.scores, 'train')}",
     ]
+    if request.diagnostics:
+        parts.append(_diagnostics(request.diagnostics))
     if request.cases:
         cases = "\n\n".join(_case(i, c) for i, c in enumerate(request.cases, 1))
         parts.append(f"## Failing train cases\n{cases}")
     parts.append(f"## Earlier revisions in this run\n{_history(request)}")
     if specialist is not None:
         parts.append(f"## Specialist scores (train)\n{_score_table(specialist.scores, 'train')}")
+        if request.ancestor is not None:
+            parts.append(
+                f"## What each side changed since their common ancestor {request.ancestor.id}\n"
+                f"Current program:\n```diff\n{_diff(request.ancestor, request.parent)}\n```\n"
+                f"Specialist:\n```diff\n{_diff(request.ancestor, specialist)}\n```"
+            )
+        if request.differential:
+            cases = "\n\n".join(_differential(i, c) for i, c in enumerate(request.differential, 1))
+            parts.append(f"## Paired cases: where one program beats the other (train)\n{cases}")
         parts.append(_source(f"Specialist for {target}", specialist))
     parts.append(_source("Current program", request.parent))
-    parts.append(REPLY_FORMAT)
+    if diagnosis:
+        parts.append(f"## Your diagnosis\n{diagnosis}")
+    parts.append(REPLY_FORMAT if diagnosis is not None or not ask_diagnosis else DIAGNOSE)
     return "\n\n".join(parts)
 
 
@@ -270,17 +344,26 @@ class CoderProposer:
 
     name = "coder"
 
-    def __init__(self, llm: LLMClient) -> None:
+    def __init__(self, llm: LLMClient, diagnose: bool = True) -> None:
         self.llm = llm
+        self.diagnose = diagnose
 
     def propose(self, request: Request) -> Proposal:
         specialist = None
         if request.stage == "integration" and request.specialists:
-            specialist = request.specialists[request.round_no % len(request.specialists)]
+            specialist = request.specialists[0]  # this round's partner
         parents = (request.parent.id,) + ((specialist.id,) if specialist else ())
+        diagnosis = None
+        if self.diagnose and (request.cases or request.differential):
+            ask = render_request(request, specialist, ask_diagnosis=True)
+            diagnosis = self.llm.complete(
+                "coder", f"{request.stage}/diagnose",
+                [{"role": "system", "content": system_prompt()}, {"role": "user", "content": ask}],
+                max_tokens=DIAGNOSIS_TOKENS,
+            ).text.strip()  # fmt: skip
         messages: list[Message] = [
             {"role": "system", "content": system_prompt()},
-            {"role": "user", "content": render_request(request, specialist)},
+            {"role": "user", "content": render_request(request, specialist, diagnosis)},
         ]
         base = Proposal(None, "", parents)
         return self._ask(request, base, messages, "propose")

@@ -6,11 +6,12 @@ coder when a coder model is configured, else the offline proposer), check it in 
 it on train and valid with stage reuse, and file it in the run store. Selection never reads
 the test split.
 
-- **Fitness** of a score block (overall or one capability) is the mean of evidence similarity
-  and evidence hit rate (:func:`fitness`), the offline retrieval signal.
-- **Best overall** = the evaluated candidate with the highest valid fitness; a **specialist** for
-  capability c = the one with the highest valid fitness on c (ties: the earlier candidate).
-  Both are derived from the store, never kept separately, so they cannot drift from it.
+- **Fitness** of a score block (overall, one capability, one question) is the mean of evidence
+  similarity and evidence hit rate, the offline retrieval signal.
+- **Best overall** and the **specialist** per capability come from
+  :mod:`evolve.evolution.archive`: a challenger replaces a holder only when a paired bootstrap
+  test on the valid questions says it is better. Both are derived from the store, never kept
+  separately, so they cannot drift from it. Each evaluation stores per-question fitness.
 - **Cold start** revises the best program with no target; **refinement** targets the best
   program's weakest capability on train; **integration** merges the best program with the
   specialists (the offline proposer crosses constants over; the coder merges code).
@@ -40,12 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.beam import load_taskset
-from evolve.datasets.types import CAPABILITIES, TaskSet
+from evolve.datasets.types import TaskSet
+from evolve.evolution.annotate import Labels, annotate
+from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
-from evolve.evolution.cases import CASE_CHARS, failing_cases
+from evolve.evolution.cases import CASE_CHARS, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import REPAIRS, Program, Proposal, Proposer, Request
+from evolve.evolution.routing import compare
+from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
@@ -54,7 +59,6 @@ from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
 SPLITS = ("train", "valid")
-HISTORY = 8  # earlier revisions shown to the proposer
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,10 @@ class RunConfig:
     judge_model: dict[str, Any] | None = None  # scores answers by the benchmark's protocol
     max_usd: float | None = None
     max_tokens: int | None = None
+    # ablations (design §4): no capabilities; how refinement picks its target; which cases
+    holistic: bool = False
+    selection: str = "dependency"  # or "round-robin"
+    cases: str = "worst"  # or "random"
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -85,35 +93,14 @@ class RunConfig:
         return Budget(self.max_usd, self.max_tokens)
 
 
-def fitness(block: dict[str, Any] | None) -> float:
-    """Mean of evidence similarity and hit rate; 0 for a missing or empty block."""
-    if not block:
-        return 0.0
-    values = [block.get("evidence_similarity"), block.get("evidence_hit_rate")]
-    present = [v for v in values if isinstance(v, int | float)]
-    return sum(present) / len(values) if present else 0.0
-
-
 def best_overall(candidates: list[CandidateMeta]) -> CandidateMeta | None:
-    done = [c for c in candidates if c.status == "evaluated"]
-    return max(done, key=lambda c: (fitness(c.scores["valid"]["overall"]), -c.number), default=None)
+    """The best program overall (:mod:`evolve.evolution.archive`: paired test on valid)."""
+    return archive(candidates).best
 
 
 def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
-    out = {}
-    done = [c for c in candidates if c.status == "evaluated"]
-    for cap in CAPABILITIES:
-        scored = [c for c in done if cap in c.scores["valid"]["by_capability"]]
-        if scored:
-            out[cap] = max(
-                scored, key=lambda c: (fitness(c.scores["valid"]["by_capability"][cap]), -c.number)
-            )
-    return out
-
-
-def weakest(candidate: CandidateMeta) -> str:
-    by_cap = candidate.scores["train"]["by_capability"]
-    return min(by_cap, key=lambda cap: (fitness(by_cap[cap]), cap))
+    """The specialist per capability (:mod:`evolve.evolution.archive`)."""
+    return archive(candidates).specialists
 
 
 def task_set(config: RunConfig, split: str) -> TaskSet:
@@ -153,9 +140,9 @@ Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds 
 class Evolution:
     """Runs (or resumes) the loop of one run store.
 
-    ``coder`` replaces the client built from ``config.coder_model`` (tests pass a
-    :class:`~evolve.models.testing.ScriptedLLM` logging to the run's call log); ``task_script``
-    makes the evaluation workers answer task prompts from a script (tests only).
+    ``coder`` and ``annotator`` replace the clients built from ``config.coder_model`` (tests
+    pass a :class:`~evolve.models.testing.ScriptedLLM` logging to the run's call log);
+    ``task_script`` makes the evaluation workers answer task prompts from a script (tests only).
     """
 
     def __init__(
@@ -165,6 +152,7 @@ class Evolution:
         progress: Progress | None = None,
         *,
         coder: LLMClient | None = None,
+        annotator: LLMClient | None = None,
         task_script: Callable[..., str] | None = None,
     ) -> None:
         self.store = store
@@ -194,6 +182,16 @@ class Evolution:
             stage_label="evolve", script=task_script, calls_log=str(calls_path(store.root)),
         )  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
+        self._labels: dict[str, Labels] | None = None
+        # The coder's model labels the tasks; without one (or with an injected coder and no
+        # injected annotator) the native map stands in, and the "annotated" event says so.
+        if annotator is None and config.coder_model is not None and coder is None:
+            annotator = LLMClient(
+                Models(annotator=ModelConfig(**config.coder_model)),
+                log_path=calls_path(store.root),
+                cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
+            )
+        self.annotator = annotator
 
     def tasks(self, split: str) -> TaskSet:
         if split not in self._tasks:
@@ -227,7 +225,7 @@ class Evolution:
                     return self._best()
                 money = f" · ${before.cost_usd:.4f}" if before.calls else ""
                 self.progress(f"{stage} {rounds.get(stage, 0) + 1}{money}", done, total)
-                self.round(stage, done)
+                self.round(stage, done, rounds.get(stage, 0))
                 after = read_spend(self.store.root).total
                 costs.append({"usd": after.cost_usd - before.cost_usd,
                               "tokens": after.tokens - before.tokens})  # fmt: skip
@@ -243,35 +241,54 @@ class Evolution:
         assert best is not None  # the seed is evaluated
         return best
 
-    def request(self, stage: str, round_no: int) -> Request:
+    def labels(self) -> dict[str, Labels]:
+        """Capability labels of the train and valid tasks (annotated once per run object)."""
+        if self._labels is None:
+            self._labels = {}
+            for split in SPLITS:
+                self._labels.update(annotate(self.tasks(split), self.annotator))
+            sources = sorted({lab.source for lab in self._labels.values()})
+            self.store.log_event("annotated", tasks=len(self._labels), sources=sources)
+        return self._labels
+
+    def request(self, stage: str, round_no: int, stage_round: int = 0) -> Request:
         """What the proposer sees this round (train only; never valid cases, never test)."""
         candidates = self.store.candidates()
-        parent = best_overall(candidates)
+        kept = archive(candidates)
+        parent = kept.best
         assert parent is not None
-        target = weakest(parent) if stage == "refinement" else None
+        holistic = self.config.holistic
+        labels = self.labels()
+        target = None
+        if stage == "refinement" and not holistic:
+            target = refinement_target(parent, candidates, labels, self.config.selection,
+                                       stage_round)  # fmt: skip
+        train = self.tasks("train")
         traces = self.store.traces(parent.id, "train")
-        others: dict[str, CandidateMeta] = {}
-        if stage == "integration":
-            others = {s.id: s for s in specialists(candidates).values() if s.id != parent.id}
-        by_id = {c.id: c for c in candidates}
-        history = []
-        for c in candidates[1:][-HISTORY:]:
-            valid = fitness(c.scores["valid"]["overall"]) if c.status == "evaluated" else None
-            before = by_id[c.parents[0]] if c.parents and c.parents[0] in by_id else None
-            delta = None
-            if valid is not None and before is not None and before.status == "evaluated":
-                delta = valid - fitness(before.scores["valid"]["overall"])
-            history.append({"id": c.id, "stage": c.stage, "capability": c.capability,
-                            "message": c.message, "status": c.status,
-                            "valid_fitness": valid, "delta": delta})  # fmt: skip
+        others = [] if holistic or stage != "integration" else partners(
+            parent, kept.specialists, round_no)  # fmt: skip
+        ancestor: Program | None = None
+        differential: tuple[dict[str, Any], ...] = ()
+        if others:
+            common = common_ancestor(candidates, parent, others[0])
+            ancestor = self._program(common) if common is not None else None
+            differential = differential_cases(
+                traces, self.store.traces(others[0].id, "train"), train
+            )
+        seed = f"{self.config.rng_seed}:{round_no}"
         return Request(
             stage=stage,
             round_no=round_no,
             parent=self._program(parent),
             target=target,
-            specialists=tuple(self._program(s) for s in others.values()),
-            cases=failing_cases(traces, self.tasks("train"), target),
-            history=tuple(history),
+            specialists=tuple(self._program(s) for s in others),
+            cases=failing_cases(
+                traces, train, target, labels=labels, mode=self.config.cases, seed=seed
+            ),  # fmt: skip
+            history=history(candidates, labels, target),
+            ancestor=ancestor,
+            differential=differential,
+            diagnostics=parent.scores["train"].get("diagnostics"),
             # A candidate still "proposed" is this round's own child from before an
             # interruption: it must be proposed again, so it does not count as known.
             known=frozenset(c.source_sha256 for c in candidates if c.status != "proposed"),
@@ -281,8 +298,8 @@ class Evolution:
         train = {"train": meta.scores.get("train", {})}  # proposers see train scores only
         return Program(meta.id, self.store.source(meta.id), train, meta.message)
 
-    def round(self, stage: str, round_no: int) -> None:
-        request = self.request(stage, round_no)
+    def round(self, stage: str, round_no: int, stage_round: int = 0) -> None:
+        request = self.request(stage, round_no, stage_round)
         proposal, report, failures = self.attempt(request)
         spent = Tally()
         for record in self.coder.drain_records() if self.coder else []:
@@ -351,13 +368,17 @@ class Evolution:
         seconds = 0.0
         try:
             for split in SPLITS:
-                result = evaluate(path, self.tasks(split), self.worker, jobs=self.config.jobs,
+                worker = dataclasses.replace(self.worker, diagnose=split == "train")
+                result = evaluate(path, self.tasks(split), worker, jobs=self.config.jobs,
                                   judge=self.judge)  # fmt: skip
                 scores[split] = {
                     "overall": result.scores["overall"],
                     "by_capability": result.scores["by_capability"],
                     "headline": result.scores.get("headline"),
                     "errors": result.meta["errors"],
+                    "questions": question_fitness(result.traces),
+                    "question_capabilities": {t["id"]: t["capability"] for t in result.traces},
+                    "diagnostics": result.scores.get("diagnostics"),
                 }
                 usage[split] = result.usage
                 seconds += result.meta["seconds"]
@@ -382,3 +403,14 @@ class Evolution:
         self.store.log_event(
             "evaluated", candidate=candidate.id, valid=fitness(scores["valid"]["overall"])
         )
+        if candidate.stage == "integration":
+            self.compare_routing(candidate.id)
+
+    def compare_routing(self, candidate_id: str) -> None:
+        """Record the integrated program beside the two routing baselines (valid)."""
+        meta = self.store.get(candidate_id)
+        kept = archive([c for c in self.store.candidates() if c.id != candidate_id])
+        result = compare(meta, kept, self.tasks("valid"), self.annotator)
+        valid = {**meta.scores["valid"], "routing": result}
+        self.store.update(candidate_id, scores={**meta.scores, "valid": valid})
+        self.store.log_event("routing", candidate=candidate_id, **result)

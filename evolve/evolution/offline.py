@@ -118,7 +118,7 @@ class OfflineProposer:
     """Seeded mutation and crossover of tunable constants; see the module docstring.
 
     As a :class:`~evolve.evolution.proposer.Proposer`: integration crosses the parent with each
-    specialist in turn (from ``round_no`` on) and takes the first child the run does not hold;
+    specialist in the request's order and takes the first child the run does not hold;
     otherwise, or when no crossover gives a new child, it mutates the parent, trying up to
     :data:`ATTEMPTS` seeds for a new child before accepting a known one. It cannot repair.
     """
@@ -136,8 +136,7 @@ class OfflineProposer:
             return hashlib.sha256(child.source.encode()).hexdigest() not in request.known
 
         others = request.specialists if request.stage == "integration" else ()
-        for k in range(len(others)):
-            other = others[(request.round_no + k) % len(others)]
+        for other in others:  # this round's partner first
             try:
                 child = self.crossover(parent.source, other.source, request.round_no)
             except ValueError:

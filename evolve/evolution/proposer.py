@@ -43,9 +43,13 @@ class Request:
     round_no: int  # rounds finished before this one, all stages together
     parent: Program  # the best program overall, which the child revises
     target: str | None  # the capability to improve (refinement), else None
-    specialists: tuple[Program, ...] = ()  # best per capability, other than the parent
+    specialists: tuple[Program, ...] = ()  # best per capability but the parent; this round's
+    # integration partner first
     cases: tuple[dict[str, Any], ...] = ()  # the parent's failing train cases (compact)
-    history: tuple[dict[str, Any], ...] = ()  # earlier revisions: message, stage, status, delta
+    history: tuple[dict[str, Any], ...] = ()  # earlier revisions (of the target): their effects
+    ancestor: Program | None = None  # integration: latest common ancestor of parent and partner
+    differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
+    diagnostics: dict[str, Any] | None = None  # the parent's stage diagnostics on train
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds
 
 

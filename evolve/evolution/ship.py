@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.beam import data_files, split_refs
+from evolve.evolution.archive import fitness
 from evolve.evolution.budget import calls_path
-from evolve.evolution.loop import RunConfig, fitness, task_set
+from evolve.evolution.loop import RunConfig, task_set
 from evolve.evolution.manifest import sha256_file
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
+from evolve.evolution.archive import fitness
 from evolve.evolution.budget import read_spend
-from evolve.evolution.loop import STAGES, best_overall, fitness, specialists
+from evolve.evolution.loop import STAGES, best_overall, specialists
 from evolve.evolution.store import STATUSES, CandidateMeta, RunNotFound, RunStore
 
 
