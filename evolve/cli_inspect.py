@@ -218,6 +218,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"best overall: {best['id']} valid fitness {_fmt(best['fitness'])} (similarity "
             f"{_fmt(best['similarity'])}, hit rate {_fmt(best['hit_rate'])})"
         )
+    if status.get("diagnostics"):
+        diag = Table(title="stage diagnostics of the best program (train)")
+        keys = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
+        diag.add_column("capability")
+        for k in keys:
+            diag.add_column(k.replace("_", " "), justify="right")
+        for group, row in status["diagnostics"].items():
+            diag.add_row(group, *(_fmt(row.get(k)) for k in keys))
+        out.print(diag)
     table = Table(title="specialists (best valid fitness on each capability)")
     for column in ("capability", "candidate", "valid fitness"):
         table.add_column(column)

@@ -106,6 +106,7 @@ def status(store: RunStore) -> dict[str, Any]:
         "rounds": rounds,
         "stopped": stopped,
         "best": {"id": best.id, **scores(best.scores["valid"]["overall"])} if best else None,
+        "diagnostics": best.scores["train"].get("diagnostics") if best else None,
         "specialists": {
             cap: {"id": m.id, "name": CAPABILITY_NAMES[cap],
                   "valid_fitness": split_fitness(m, cap=cap)}
