@@ -82,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_run.add_command(sub)
 
+    cmp_ = sub.add_parser(
+        "compare", help="evaluate several programs on one split and print them side by side"
+    )
+    cmp_.add_argument(
+        "programs", nargs="*", type=Path,
+        help="program files (default: the shipped seeds and reference programs)",
+    )  # fmt: skip
+    cmp_.add_argument("--split", default=None, help="as for eval")
+    cmp_.add_argument("--model", default="none", help="task LLM (litellm id) or 'none'")
+    cmp_.add_argument("--json", action="store_true", help="print one JSON object")
+    add_run_options(cmp_)
+
     chk = sub.add_parser("check", help="run the sandbox's four tiers on a program file")
     chk.add_argument("file", type=Path, help="memory program file (.py)")
     chk.add_argument("--parent", type=Path, help="the program it was patched from")
@@ -142,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args)
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "compare":
+            return cmd_compare(args)
         if args.command == "run":
             from evolve import cli_run
 
@@ -232,6 +246,58 @@ def cmd_eval(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/] every question failed; first: {escape(first)}", highlight=False)
         return 1
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
+    from evolve.datasets.benches import load_taskset
+    from evolve.executor import EvalError
+    from evolve.models.llm import ModelConfig
+    from evolve.worker import WorkerConfig
+
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    paths = args.programs or reference_programs()
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UsageError(f"program file {missing[0]} not found")
+    tasks = load_taskset(args.bench, data_dir(args.data_dir), args.split)
+    task_model = None if args.model.lower() in ("none", "") else ModelConfig(model=args.model)
+    cache = args.cache_dir or default_cache_dir()
+    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder)
+    if task_model is None:
+        err.print("[bold yellow]no task model configured — offline: retrieval-only[/]")
+    total = len(tasks.questions) * len(paths)
+    with ProgressBar(total, not args.no_progress, "comparing") as advance:
+        try:
+            rows = compare_programs(paths, tasks, config, jobs=args.jobs, on_progress=advance,
+                                    judge=judge_client(args.judge, None, Path(cache)))  # fmt: skip
+        except EvalError as exc:
+            raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"bench": tasks.bench, "split": tasks.split, "programs": rows}, indent=2))
+        return 0
+    caps = [c for c in CAPABILITY_NAMES if any(c in r["by_capability"] for r in rows)]
+    table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
+                  f"= mean of evidence similarity and hit rate · tokens ≈ characters / "
+                  f"{CHARS_PER_TOKEN}")  # fmt: skip
+    for column in ("program", "fitness", *caps, "similarity", "hit rate", "context chars",
+                   "context tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "program" else "right")
+    for r in rows:
+        table.add_row(
+            Path(r["program"]).stem, _fmt(r["fitness"]),
+            *(_fmt(r["by_capability"].get(c)) for c in caps),
+            _fmt(r["evidence_similarity"]), _fmt(r["evidence_hit_rate"]),
+            _num(r["context_chars"]), _num(r["context_tokens"]),
+            _num(r["retrieve_ms_p50"], 1), _num(r["retrieve_ms_p95"], 1),
+        )  # fmt: skip
+    out.print(table)
+    return 0
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
 
 
 def cmd_check(args: argparse.Namespace) -> int:

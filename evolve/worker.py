@@ -421,12 +421,15 @@ class _Run:
 
     def _retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
         self.ensure_memory()
+        began = time.perf_counter()
         result, _ = self.call("retrieve", {"query": query}, timeout=self.config.step_seconds)
+        elapsed_ms = round((time.perf_counter() - began) * 1000, 3)  # the call, not indexing
         if not (isinstance(result, dict) and isinstance(result.get("text"), str)
                 and isinstance(result.get("raw_chars"), int)):  # fmt: skip
             raise HostFailure("program host: retrieval must come back as text")
         text, raw = result["text"][:OUT_CHAR_BUDGET], result["raw_chars"]
-        return {"retrieved": text, "over_budget": raw > OUT_CHAR_BUDGET, "raw_chars": raw}
+        return {"retrieved": text, "over_budget": raw > OUT_CHAR_BUDGET, "raw_chars": raw,
+                "retrieve_ms": elapsed_ms}  # fmt: skip
 
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None

@@ -213,3 +213,24 @@ def test_run_bad_flags_are_one_error_line(
     code, _, err = run_cli(capsys, "run", "--data-dir", str(data_dir), "--runs-dir",
                            str(tmp_path), *args)  # fmt: skip
     assert code == 2 and len(error_lines(err)) == 1 and message in error_lines(err)[0], err
+
+
+def test_compare_prints_programs_side_by_side(
+    one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    simple = str(ROOT / "seeds" / "simple.py")
+    code, out, err = run_cli(
+        capsys, "compare", DENSE, simple, "--split", "all", "--data-dir", str(one_conv),
+        "--json", "--embedder", "hashing", "--jobs", "1", "--cache-dir", str(tmp_path / "c"),
+        "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["programs"]
+    assert [Path(r["program"]).stem for r in rows] == ["dense", "simple"]
+    for r in rows:
+        assert r["latency_questions"] == 20 and r["retrieve_ms_p50"] > 0
+        assert 0 < r["context_chars"] <= 16_000 and r["context_tokens"] == r["context_chars"] / 4
+        assert set(r["by_capability"]) == {"F", "T", "P", "M", "A"}
+    assert rows[0]["fitness"] != rows[1]["fitness"]
+    code, _, err = run_cli(capsys, "compare", "missing.py", "--data-dir", str(one_conv))
+    assert code == 2 and "program file missing.py not found" in err

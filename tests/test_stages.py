@@ -24,7 +24,7 @@ from evolve.evolution.proposer import Program, Request
 from evolve.evolution.selection import dependency_aware, round_robin
 from evolve.evolution.stages import common_ancestor, partners
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.models.testing import ScriptedLLM
+from evolve.models.testing import HashingEmbedder, ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
@@ -159,7 +159,7 @@ def tiny_tasks() -> tuple[TaskSet, list[dict[str, Any]], list[dict[str, Any]]]:
 
 def test_differential_cases_pair_both_traces_and_reach_the_integration_prompt():
     tasks, mine, theirs = tiny_tasks()
-    cases = differential_cases(mine, theirs, tasks)
+    cases = differential_cases(mine, theirs, tasks, HashingEmbedder())
     assert [c["id"] for c in cases] == ["q1", "q0"]  # theirs wins on q1, mine on q0
     assert all("other" in c for c in cases)
     parent = Program("c0002-aaaaaaaa", HYBRID, {})
@@ -174,10 +174,12 @@ def test_differential_cases_pair_both_traces_and_reach_the_integration_prompt():
 
 def test_random_cases_differ_from_the_worst():
     tasks, mine, _ = tiny_tasks()
-    worst = [c["id"] for c in failing_cases(mine, tasks, None, limit=2)]
+    embedder = HashingEmbedder()
+    worst = [c["id"] for c in failing_cases(mine, tasks, None, limit=2, embedder=embedder)]
     assert worst == ["q1", "q2"]
     drawn = {tuple(c["id"] for c in failing_cases(mine, tasks, None, limit=2, mode="random",
-                                                 seed=str(s))) for s in range(8)}  # fmt: skip
+                                                 seed=str(s), embedder=embedder))
+             for s in range(8)}  # fmt: skip
     assert len(drawn) > 1
 
 
@@ -193,3 +195,15 @@ def test_ablations_change_behaviour_as_named(data_dir: Path, tmp_path: Path):
                 selection="round-robin")  # fmt: skip
     assert [c.capability for c in robin.store.candidates()[1:]] == ["F", "T"]
     assert not [c for c in robin.store.candidates() if c.stage == "integration"]
+
+
+def test_cases_are_compact_and_keep_each_evidence_best_unit(full: Evolution):
+    from evolve.evolution.compact import EXCERPT_CHARS
+
+    request = full.request("refinement", 1, 0)
+    assert request.cases
+    for case in request.cases:
+        for text in (case["retrieved"], *case["evidence"], *case["evidence_source"]):
+            assert len(text) <= EXCERPT_CHARS
+        assert len(case["units_for_evidence"]) == len(case["evidence"])
+        assert all(units for units in case["units_for_evidence"])  # the best unit at least

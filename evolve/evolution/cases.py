@@ -1,34 +1,36 @@
 """Cases shown to a proposer: the parent's failing train questions, and paired differential
-cases between two programs, each cut to a compact size.
+cases between two programs, made compact as design §4 describes.
 
-Owns :func:`failing_cases` and :func:`differential_cases`. A case holds what a coder needs to
-see why retrieval missed: the question and reference answer, the evidence messages the answer
-depends on, the query plan, the head of the retrieved text, the predicted answer and the scores.
+Owns :func:`failing_cases`, :func:`differential_cases` and :data:`UnitsOf`. A case holds what a
+coder needs to see why retrieval missed: the question and reference answer, each evidence
+message with its session (the source text) and the memory units extracted from that session,
+the query plan, the retrieved text, the predicted answer and the scores. Every long text is
+excerpted by :func:`evolve.evolution.compact.compact_case` (2,400 characters per excerpt, spans
+chosen to cover the question, answer, evidence and prediction; each evidence keeps its best
+unit).
 
 Invariants: cases come from the train split only (the loop passes train traces and the train
 task set). Selection is deterministic: ``"worst"`` takes the lowest mean of evidence similarity
 and hit rate (ties by question id); ``"random"`` (an ablation) draws with a seeded generator.
 With labels, a target capability selects the tasks whose primary or secondary label is that
-capability. Every text is cut to a fixed number of characters, so a case's size is bounded
-whatever the conversation.
+capability. At most :data:`MAX_EVIDENCE` evidence messages per case.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from evolve.datasets.types import Question, TaskSet
+from evolve.diagnostics import unit_text
 from evolve.evolution.annotate import Labels
+from evolve.evolution.compact import compact_case
+from evolve.models.embed import Embedder
 
-EVIDENCE_CHARS = 400  # per evidence message
-RETRIEVED_CHARS = 1_500  # head of the retrieved text
 MAX_EVIDENCE = 4
-CASE_CHARS = EVIDENCE_CHARS * (MAX_EVIDENCE + 1) + RETRIEVED_CHARS + 800  # a case, rendered
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more chars]"
+CASE_CHARS = 11_300  # a compact case's mean size on BEAM-100K train (bench/compact_cases.py)
+UnitsOf = Callable[[str, int], list[dict[str, Any]] | None]  # (conversation id, session) -> units
 
 
 def _badness(trace: dict[str, Any]) -> float:
@@ -46,6 +48,8 @@ def failing_cases(
     labels: dict[str, Labels] | None = None,
     mode: str = "worst",
     seed: str = "",
+    embedder: Embedder,
+    units_of: UnitsOf | None = None,
 ) -> tuple[dict[str, Any], ...]:
     """Up to ``limit`` questions of capability ``target`` (all when None): the worst-scored, or
     a seeded random draw (``mode="random"``)."""
@@ -56,11 +60,16 @@ def failing_cases(
     pool.sort(key=lambda t: (_badness(t), t["id"]))
     if mode == "random":
         random.Random(seed).shuffle(pool)
-    return tuple(_case(trace, questions[trace["id"]], tasks) for trace in pool[:limit])
+    chosen = pool[:limit]
+    return tuple(_case(t, questions[t["id"]], tasks, embedder, units_of) for t in chosen)
 
 
 def differential_cases(
-    mine: list[dict[str, Any]], theirs: list[dict[str, Any]], tasks: TaskSet, limit: int = 2
+    mine: list[dict[str, Any]],
+    theirs: list[dict[str, Any]],
+    tasks: TaskSet,
+    embedder: Embedder,
+    limit: int = 2,
 ) -> tuple[dict[str, Any], ...]:
     """Paired cases: the questions where the other program beats this one most, then those
     where this one beats the other most (up to ``limit`` each), each with both traces."""
@@ -72,8 +81,8 @@ def differential_cases(
     chosen += [p for p in gaps[::-1][:limit] if _badness(p[0]) > _badness(p[1])]
     out = []
     for a, b in chosen:
-        case = _case(a, questions[a["id"]], tasks)
-        theirs_case = _case(b, questions[b["id"]], tasks)
+        case = _case(a, questions[a["id"]], tasks, embedder, None)
+        theirs_case = _case(b, questions[b["id"]], tasks, embedder, None)
         case["other"] = {k: theirs_case[k] for k in ("query", "retrieved", "retrieved_chars",
                                                      "answer", "scores")}  # fmt: skip
         out.append(case)
@@ -86,27 +95,38 @@ def _covers(q: Question, target: str, labels: dict[str, Labels] | None) -> bool:
     return q.capability == target
 
 
-def _case(trace: dict[str, Any], q: Question, tasks: TaskSet) -> dict[str, Any]:
+def _case(
+    trace: dict[str, Any],
+    q: Question,
+    tasks: TaskSet,
+    embedder: Embedder,
+    units_of: UnitsOf | None,
+) -> dict[str, Any]:
     conv = next(c for c in tasks.conversations if c.id == q.conversation_id)
     found = conv.messages()
-    evidence = [
-        _cut(f"[{found[e][0].date or 'undated'}] {found[e][1].role}: {found[e][1].content}",
-             EVIDENCE_CHARS)
-        for e in q.evidence_ids[:MAX_EVIDENCE]
-        if e in found
-    ]  # fmt: skip
-    retrieved = trace.get("retrieved") or ""
-    return {
+    session = {s.session_id: i for i, s in enumerate(conv.sessions)}
+    evidence, sources, units = [], [], []
+    for e in [e for e in q.evidence_ids if e in found][:MAX_EVIDENCE]:
+        segment, message = found[e]
+        evidence.append(f"[{segment.date or 'undated'}] {message.role}: {message.content}")
+        sources.append(segment.render())
+        stored = units_of(conv.id, session[segment.session_id]) if units_of else None
+        units.append([unit_text(u) for u in stored or []])
+    case: dict[str, Any] = {
         "id": q.id,
         "capability": q.capability,
         "ability": q.ability,
         "question": q.question,
-        "reference_answer": _cut(q.gold, EVIDENCE_CHARS),
+        "reference_answer": q.gold,
         "evidence": evidence,
+        "evidence_source": sources,
         "query": trace.get("query"),
-        "retrieved": _cut(retrieved, RETRIEVED_CHARS),
-        "retrieved_chars": len(retrieved),
+        "retrieved": trace.get("retrieved") or "",
+        "retrieved_chars": len(trace.get("retrieved") or ""),
         "answer": trace.get("answer"),
         "scores": {k: v for k, v in (trace.get("scores") or {}).items() if v is not None},
         "error": trace.get("error"),
     }
+    if all(units):  # units are shown when every evidence has its session's units
+        case["units_for_evidence"] = units
+    return compact_case(case, embedder)

@@ -151,14 +151,24 @@ def _score_table(scores: dict[str, Any], split: str) -> str:
 
 def _case(n: int, case: dict[str, Any]) -> str:
     scores = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in case["scores"].items())
-    evidence = "\n".join(f"- {e}" for e in case["evidence"]) or "- (none recorded)"
+    sources = case.get("evidence_source") or []
+    units = case.get("units_for_evidence") or []
+    evidence = []
+    for i, e in enumerate(case["evidence"]):
+        lines = [f"- Evidence {i + 1}: {e}"]
+        if i < len(sources):
+            lines.append(f"  Its session (excerpt):\n{sources[i]}")
+        if i < len(units):
+            shown = "\n".join(f"    * {u}" for u in units[i]) or "    (none)"
+            lines.append(f"  Units the program extracted from that session (best first):\n{shown}")
+        evidence.append("\n".join(lines))
     parts = [
         f"### Case {n}: {case['capability']} / {case['ability']} ({scores})",
         f"Question: {case['question']}",
         f"Reference answer: {case['reference_answer']}",
-        f"Evidence messages the answer depends on:\n{evidence}",
+        "Evidence messages the answer depends on:\n" + ("\n".join(evidence) or "- (none)"),
         f"Query plan: {case['query']}",
-        f"Retrieved ({case['retrieved_chars']:,} chars; the head):\n{case['retrieved']}",
+        f"Retrieved ({case['retrieved_chars']:,} chars; excerpt):\n{case['retrieved']}",
     ]
     if case.get("answer"):
         parts.append(f"Predicted answer: {case['answer']}")
@@ -217,7 +227,7 @@ def _differential(n: int, case: dict[str, Any]) -> str:
     return "\n".join([
         _case(n, case),
         f"Specialist's query plan: {other['query']}",
-        f"Specialist retrieved ({other['retrieved_chars']:,} chars; the head):",
+        f"Specialist retrieved ({other['retrieved_chars']:,} chars; excerpt):",
         other["retrieved"],
         "Specialist's scores: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}"
                                             for k, v in other["scores"].items()),

@@ -45,7 +45,7 @@ from evolve.datasets.types import TaskSet
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
-from evolve.evolution.cases import CASE_CHARS, differential_cases, failing_cases
+from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import REPAIRS, Program, Proposal, Proposer, Request
@@ -54,7 +54,8 @@ from evolve.evolution.stages import common_ancestor, history, partners, refineme
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
-from evolve.worker import WorkerConfig, extraction_windows
+from evolve.stagecache import StageKeys, StageStore, fingerprints
+from evolve.worker import WorkerConfig, extraction_windows, make_embedder
 from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
@@ -182,6 +183,7 @@ class Evolution:
             stage_label="evolve", script=task_script, calls_log=str(calls_path(store.root)),
         )  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
+        self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
         self._labels: dict[str, Labels] | None = None
         # The coder's model labels the tasks; without one (or with an injected coder and no
         # injected annotator) the native map stands in, and the "annotated" event says so.
@@ -273,7 +275,7 @@ class Evolution:
             common = common_ancestor(candidates, parent, others[0])
             ancestor = self._program(common) if common is not None else None
             differential = differential_cases(
-                traces, self.store.traces(others[0].id, "train"), train
+                traces, self.store.traces(others[0].id, "train"), train, self.embedder
             )
         seed = f"{self.config.rng_seed}:{round_no}"
         return Request(
@@ -283,7 +285,14 @@ class Evolution:
             target=target,
             specialists=tuple(self._program(s) for s in others),
             cases=failing_cases(
-                traces, train, target, labels=labels, mode=self.config.cases, seed=seed
+                traces,
+                train,
+                target,
+                labels=labels,
+                mode=self.config.cases,
+                seed=seed,
+                embedder=self.embedder,
+                units_of=self._units_of(self.store.source(parent.id)),
             ),  # fmt: skip
             history=history(candidates, labels, target),
             ancestor=ancestor,
@@ -293,6 +302,19 @@ class Evolution:
             # interruption: it must be proposed again, so it does not count as known.
             known=frozenset(c.source_sha256 for c in candidates if c.status != "proposed"),
         )
+
+    def _units_of(self, source: str) -> UnitsOf:
+        """Where a case finds the units the program extracted from a train session: the stage
+        store (trusted side), under the program's own extraction keys."""
+        keys = StageKeys(fingerprints(source), self.worker.model_sig, self.config.embedder)
+        stages = StageStore(Path(self.config.cache_dir) / "stages")
+        convs = {c.id: c for c in self.tasks("train").conversations}
+
+        def units(conv_id: str, i: int) -> list[dict[str, Any]] | None:
+            found = stages.get_json("extract", keys.extract(convs[conv_id].sessions[i].digest()))
+            return None if found is None else list(found)
+
+        return units
 
     def _program(self, meta: CandidateMeta) -> Program:
         train = {"train": meta.scores.get("train", {})}  # proposers see train scores only

@@ -1,0 +1,75 @@
+"""Side-by-side evaluation of several memory programs on one split (``evolve compare``).
+
+Owns :data:`REFERENCE_PROGRAMS` and :func:`compare_programs`. Each program is evaluated with
+:func:`evolve.executor.evaluate` exactly as ``evolve eval`` would (same sandbox check, same
+stage reuse, same scoring); the comparison adds what a user weighs against the scores: the
+context a program hands to the answer model (characters and estimated tokens per question) and
+how long ``retrieve()`` takes.
+
+Invariants: every program sees the same task set and configuration; retrieval latency is the
+wall time of the host's ``retrieve`` call for each question (indexing excluded), recorded when
+the retrieval was computed and kept with its cached output, so a cached run reports the
+latency measured when it was computed (None for outputs cached before latencies were kept).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evolve.datasets.types import CAPABILITIES, TaskSet
+from evolve.evolution.archive import fitness
+from evolve.executor import ProgressFn, evaluate
+from evolve.models.llm import LLMClient
+from evolve.worker import WorkerConfig
+
+SEEDS = Path(__file__).resolve().parents[1] / "seeds"
+REFERENCE_PROGRAMS = ("simple", "dense", "hybrid", "prism", "ariadne")
+CHARS_PER_TOKEN = 4  # an estimate; the table says so
+
+
+def reference_programs() -> list[Path]:
+    """The shipped seeds and reference programs that exist in this checkout."""
+    return [SEEDS / f"{name}.py" for name in REFERENCE_PROGRAMS if (SEEDS / f"{name}.py").is_file()]
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def compare_programs(
+    paths: list[Path],
+    tasks: TaskSet,
+    config: WorkerConfig,
+    *,
+    jobs: int = 2,
+    judge: LLMClient | None = None,
+    on_progress: ProgressFn | None = None,
+) -> list[dict[str, Any]]:
+    """One row per program: fitness overall and per capability, similarity, hit rate, context
+    size and retrieval latency (p50/p95 ms), plus the full report's scores."""
+    rows = []
+    for path in paths:
+        report = evaluate(path, tasks, config, jobs=jobs, judge=judge, on_progress=on_progress)
+        traces = [t for t in report.traces if not t.get("error")]
+        chars = [len(t.get("retrieved") or "") for t in traces]
+        latency = [float(t["retrieve_ms"]) for t in traces if t.get("retrieve_ms") is not None]
+        overall = report.scores["overall"]
+        rows.append({
+            "program": str(path),
+            "fitness": fitness(overall),
+            "by_capability": {c: fitness(report.scores["by_capability"].get(c))
+                              for c in CAPABILITIES if c in report.scores["by_capability"]},
+            "evidence_similarity": overall.get("evidence_similarity"),
+            "evidence_hit_rate": overall.get("evidence_hit_rate"),
+            "context_chars": float(np.mean(chars)) if chars else None,
+            "context_tokens": float(np.mean(chars)) / CHARS_PER_TOKEN if chars else None,
+            "retrieve_ms_p50": _percentile(latency, 50),
+            "retrieve_ms_p95": _percentile(latency, 95),
+            "latency_questions": len(latency),
+            "errors": report.meta["errors"],
+            "scores": report.scores,
+        })  # fmt: skip
+    return rows
