@@ -193,14 +193,17 @@ def test_accounting_in_the_run_call_log(coder_run: Evolution):
     assert events == [0, 1, 2, 0, 1, 2, 3]
 
 
-def test_budget_stops_cleanly_and_resumes_with_a_higher_cap(data_dir: Path, tmp_path: Path):
-    cfg = config(data_dir, tmp_path / "cache", max_usd=0.01)  # about one and a half rounds
-    first = start(tmp_path, "capped", cfg)
+def test_budget_stops_cleanly_and_resumes_with_a_higher_cap(
+    coder_run: Evolution, data_dir: Path, tmp_path: Path
+):
+    first_round = coder_run.store.load_state()["round_costs"][0]["usd"]
+    cap = 1.5 * first_round  # room for the first round, not for a second as dear
+    first = start(tmp_path, "capped", config(data_dir, tmp_path / "cache", max_usd=cap))
     first.run()
     assert first.stopped and "USD cap" in first.stopped
     done = len(first.store.candidates())
     spent = read_spend(first.store.root).total
-    assert done == 2 and 0 < spent.cost_usd <= 0.01
+    assert done == 2 and spent.cost_usd == pytest.approx(first_round) and spent.cost_usd <= cap
     resumed = start(tmp_path, "capped", config(data_dir, tmp_path / "cache", max_usd=1.0))
     resumed.run()
     assert resumed.stopped is None and len(resumed.store.candidates()) == 5
