@@ -3,7 +3,7 @@
 The fake backend embeds hashed bags of words (deterministic, no model) unless a text has a
 vector of its own, and its ``complete`` raises BackendError (offline) or answers from a script.
 Checks: the relation-bridge templates reach an episode no backbone path brings into the bundle
-(temporal chain and evolution edges) and the temporal intent's discount is what lets it in;
+(episode chain, dated facts, evolution edges) and the temporal intent's discount lets it in;
 intent routing (keyword tier, LLM tier); entity merging at cosine 0.90; the LLM path (PRISM
 units, causal induction, rerank, call budget); the parameter sheet against the constants; the
 sandbox check.
@@ -153,6 +153,24 @@ def test_evolution_bridge_reaches_an_old_episode_of_the_same_entity(program: Pro
     assert "zzq Marcello brv kloo" not in build(off).retrieve(query(off, "When did I buy it?"))
 
 
+def test_temporal_bridge_between_dated_facts(program: Program) -> None:
+    """Facts with explicit dates are linked to the nearest dated facts before and after."""
+
+    def build(prog: Program) -> Any:
+        memory = prog.get("Memory")(FakeBackend())
+        memory.index(*session(prog, "old", "2023-05-01", "zzq brv kloo on March 4, 2024"))
+        distractors(prog, memory)
+        memory.index(*session(prog, "a", "2024-06-01", "when did i buy the violin March 3, 2024"))
+        return memory
+
+    memory = build(program)
+    assert [t for t, _ in memory.timed] == [738948, 738949]  # 2024-03-03, 2024-03-04
+    assert "zzq brv kloo" in memory.retrieve(query(program, "When did I buy the violin?"))
+    off = fresh(program)
+    off.module.RELATION_PATHS = False
+    assert "zzq brv kloo" not in build(off).retrieve(query(off, "When did I buy the violin?"))
+
+
 # -- N4: intent routing -------------------------------------------------------------------------
 
 
@@ -282,6 +300,9 @@ def test_llm_units_causal_induction_and_rerank(program: Program) -> None:
     dora = memory.entities[memory.entity_ids["dora"]]
     assert len(dora.points) == 6 and len(memory.timed) == 12  # times via temporal_info
     assert memory.points[0].time is not None
+    broken = program.memory_unit(summary="", facet_points=["", "null | Dora"], facets=["x | 7"])
+    memory.index([broken], Segment("2", "2024-02-11", ()))  # nothing usable: no episode
+    assert len(memory.episodes) == 6
     backend.prompts.clear()
     text = memory.retrieve(query(program, "Which bike did Dora help with?"))
     assert len(backend.prompts) <= backend.max_complete_calls
