@@ -12,7 +12,8 @@ Owns :func:`fitness`, :func:`question_fitness`, :func:`improves` (the paired boo
   above zero. Noise on 20-odd questions is not promoted.
 - The archive is **derived from the store**, never kept separately: candidates are replayed in
   creation order, each challenging the current holders. So it cannot drift from the store, and
-  the same candidates always give the same archive (the bootstrap is seeded by the two ids).
+  the same candidates always give the same archive (the bootstrap is seeded by the two sources'
+  hashes, not their ids: a run resumed after a crash may number its candidates differently).
 - Candidates evaluated before per-question scores were stored fall back to comparing the mean.
 """
 
@@ -75,7 +76,7 @@ def _questions(c: CandidateMeta, capability: str | None) -> dict[str, float]:
 def _beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:
     a, b = _questions(new, capability), _questions(old, capability)
     if a and b:
-        return improves(a, b, f"{new.id}|{old.id}|{capability}")
+        return improves(a, b, f"{new.source_sha256}|{old.source_sha256}|{capability}")
     if capability is None:  # no per-question scores stored: the mean decides
         return fitness(new.scores["valid"]["overall"]) > fitness(old.scores["valid"]["overall"])
     by_new = new.scores["valid"]["by_capability"].get(capability)
