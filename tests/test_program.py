@@ -26,7 +26,7 @@ from evolve.program import (
 )
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
-SEEDS = ("simple", "dense", "hybrid", "prism")
+SEEDS = ("simple", "dense", "hybrid", "prism", "ariadne")
 
 BASE = textwrap.dedent(
     """\
