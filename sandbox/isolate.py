@@ -13,6 +13,10 @@ Invariants:
 - Every request has a wall-clock deadline; reading, writing and waiting all honour it. When it
   passes, or the host breaks the protocol, the whole process group is killed (SIGKILL) and
   :class:`HostFailure` says why. The optimizer never blocks forever and never unpickles.
+- The deadline measures the program, not the optimizer: time spent answering the host's
+  backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
+  deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
+  so a program cannot stretch a request without bound by calling the backend.
 - The host's stderr is kept up to :attr:`Limits.stderr_bytes`; the rest is discarded.
 - The scratch directory is removed when the host is closed.
 """
@@ -60,6 +64,8 @@ class ProgramFailure(Exception):
         super().__init__(message)
         self.kind = kind
 
+
+BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this × its timeout
 
 _SIGNALS = {
     signal.SIGXCPU: "CPU time limit exceeded",
@@ -118,7 +124,9 @@ class Host:
         timeout: float | None = None,
     ) -> tuple[Any, list[bytes]]:
         """Send one request; serve the host's backend requests until its answer arrives."""
-        deadline = time.monotonic() + (timeout or self.limits.call_seconds)
+        allowed = timeout or self.limits.call_seconds
+        deadline = time.monotonic() + allowed
+        extension = allowed * BACKEND_EXTENSION  # backend time the deadline may still absorb
         self._send(encode_frame({"op": op, **(payload or {})}, blobs), deadline)
         while True:
             header, got = self._receive(deadline)
@@ -128,10 +136,13 @@ class Host:
             if kind == "error":
                 raise ProgramFailure(str(header.get("error"))[:2000], str(header.get("type")))
             if kind == "backend" and self.serve is not None:
+                began = time.monotonic()
                 try:
                     answer, answer_blobs = self.serve(header, got)
                 except Exception as exc:  # the optimizer's side failed: tell the program
                     answer, answer_blobs = {"error": f"{type(exc).__name__}: {exc}"}, []
+                spent = min(time.monotonic() - began, extension)
+                deadline, extension = deadline + spent, extension - spent
                 self._send(encode_frame(answer, answer_blobs), deadline)
                 continue
             self.kill()

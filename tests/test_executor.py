@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,3 +230,38 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
         cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
     assert "beam_official" not in offline.meta["metrics"] and "headline" not in offline.scores
     assert offline.meta["judge"]["judge"] is None
+
+
+def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
+    """A busy embedder (the optimizer's side) must not time the program out; a program that
+    itself hangs still is killed at its deadline."""
+    from dataclasses import asdict
+
+    from evolve.models.testing import HashingEmbedder
+    from evolve.worker import BackendService
+    from sandbox.isolate import Host, HostFailure, Limits
+
+    class SlowEmbedder(HashingEmbedder):
+        def embed(self, texts: Any) -> Any:
+            time.sleep(0.6)  # a loaded machine
+            return super().embed(texts)
+
+    conv = tasks.conversations[0]
+    units = [[{"content": f"{m.role}: {m.content}"} for m in s.messages] for s in conv.sessions]
+    payload = {"dim": 384, "max_complete_calls": 1, "units": units,
+               "segments": [asdict(s) for s in conv.sessions]}  # fmt: skip
+    serve = BackendService(SlowEmbedder(), None, "t", 1)
+    with Host(Limits(cpu_seconds=60, call_seconds=30.0), serve=serve) as host:
+        host.call("load", {"source": DENSE, "path": "dense.py"})
+        start = time.monotonic()
+        host.call("index", payload, timeout=1.0)  # two sessions: 1.2 s of embedding
+        assert time.monotonic() - start > 1.0
+    hang = DENSE.replace(
+        "    def retrieve(self, query):\n",
+        "    def retrieve(self, query):\n        while True:\n            pass\n",
+    )
+    with Host(Limits(cpu_seconds=60, call_seconds=30.0), serve=serve) as host:
+        host.call("load", {"source": hang, "path": "hang.py"})
+        host.call("index", payload, timeout=10.0)
+        with pytest.raises(HostFailure, match="timed out"):
+            host.call("retrieve", {"query": {"text": "x"}}, timeout=1.0)

@@ -283,6 +283,27 @@ def test_freeze_refuses_a_candidate_that_is_not_evaluated(
     assert not copy.get(pending).frozen and copy.events("frozen") == []
 
 
+def test_freeze_records_nothing_when_test_questions_fail(
+    copy: RunStore, capsys: pytest.CaptureFixture[str]
+):
+    """A program that breaks only on the (much longer) BEAM-1M test conversation."""
+    trap = 8 * " " + "if len(self.units) > 1000 and len(set(self.sessions)) < 50:\n"
+    trap += 12 * " " + "1 / 0\n"
+    # the sandbox probe indexes 2,000 units in 100 sessions; a BEAM-1M history ~1,700 in ~10
+    source = copy.source("c0002").replace(
+        "    def retrieve(self, query):\n", "    def retrieve(self, query):\n" + trap
+    )
+    assert source != copy.source("c0002")
+    broken = add_variant(copy, source, ["c0002"], "fails on long histories")
+    copy.update(broken, status="evaluated", scores=copy.get("c0002").scores)
+    code, _, err = cli(capsys, "freeze", f"{RUN}/{broken}", "--runs-dir", str(copy.root.parent),
+                       "--no-progress", "--jobs", "1")  # fmt: skip
+    assert code == 2 and "test questions failed" in err and "no test score was recorded" in err
+    meta = copy.get(broken)
+    assert not meta.frozen and "test" not in meta.scores and copy.events("frozen") == []
+    assert (copy.root / f"freeze-{meta.id}" / "questions.jsonl").is_file()
+
+
 # --- export -------------------------------------------------------------------------------
 
 

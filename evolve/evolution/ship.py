@@ -11,6 +11,10 @@ Invariants:
   evaluating anything. Only an ``evaluated`` candidate can be frozen. Freezing a second
   candidate of the same run is allowed, but :class:`Frozen` names the others so the caller can
   warn that comparing several test scores is selection on test.
+- **A test score is complete or absent.** If any test question fails (a program error, or a
+  host killed for time on an overloaded machine), nothing is recorded and the candidate is not
+  frozen: a partial score would describe the machine, not the program. Traces are written to
+  ``freeze-<id>/`` either way, and the stage cache keeps what was computed.
 - **The test tasks match the run's.** Same restriction to the first ``conversations``
   conversations as the loop's (:func:`evolve.evolution.loop.task_set`), the run's embedder,
   cache and task model unless the caller overrides them; the block has the shape of train/valid
@@ -44,7 +48,7 @@ from evolve.evolution.loop import RunConfig, task_set
 from evolve.evolution.manifest import sha256_file
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
-from evolve.executor import EvalError, evaluate
+from evolve.executor import EvalError, evaluate, write_run
 from evolve.models.llm import ModelConfig
 from evolve.program import CONTRACT_VERSION
 from evolve.worker import WorkerConfig
@@ -131,6 +135,14 @@ def freeze(
             )
         except EvalError as exc:
             raise ShipError(str(exc)) from None
+    write_run(report, store.root / f"freeze-{meta.id}")  # traces, kept even when refused
+    if report.meta["errors"]:
+        first = next(t["error"] for t in report.traces if t.get("error"))
+        raise ShipError(
+            f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
+            f"(first: {first[:200]}); no test score was recorded — stages computed so far are "
+            f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"
+        )
     block = {
         "overall": report.scores["overall"],
         "by_capability": report.scores["by_capability"],
