@@ -254,8 +254,12 @@ class Evolution:
         return self._labels
 
     def request(self, stage: str, round_no: int, stage_round: int = 0) -> Request:
-        """What the proposer sees this round (train only; never valid cases, never test)."""
-        candidates = self.store.candidates()
+        """What the proposer sees this round (train only; never valid cases, never test).
+
+        A candidate still "proposed" is this round's own child from before an interruption:
+        the request is built without it, exactly as the uninterrupted round saw the run, and
+        it does not count as known, so the replay proposes it again and evaluates it."""
+        candidates = [c for c in self.store.candidates() if c.status != "proposed"]
         kept = archive(candidates)
         parent = kept.best
         assert parent is not None
@@ -298,9 +302,7 @@ class Evolution:
             ancestor=ancestor,
             differential=differential,
             diagnostics=parent.scores["train"].get("diagnostics"),
-            # A candidate still "proposed" is this round's own child from before an
-            # interruption: it must be proposed again, so it does not count as known.
-            known=frozenset(c.source_sha256 for c in candidates if c.status != "proposed"),
+            known=frozenset(c.source_sha256 for c in candidates),
         )
 
     def _units_of(self, source: str) -> UnitsOf:
@@ -390,7 +392,9 @@ class Evolution:
         seconds = 0.0
         try:
             for split in SPLITS:
-                worker = dataclasses.replace(self.worker, diagnose=split == "train")
+                # stage diagnostics steer cold start: computed for the seed and its revisions
+                diagnose = split == "train" and candidate.stage in ("seed", "cold_start")
+                worker = dataclasses.replace(self.worker, diagnose=diagnose)
                 result = evaluate(path, self.tasks(split), worker, jobs=self.config.jobs,
                                   judge=self.judge)  # fmt: skip
                 scores[split] = {
