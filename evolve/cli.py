@@ -27,7 +27,7 @@ from rich.table import Table
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
 
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # piped tables are not cut at 80
 
 
 class UsageError(Exception):
@@ -281,8 +281,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
                   f"= mean of evidence similarity and hit rate · tokens ≈ characters / "
                   f"{CHARS_PER_TOKEN}")  # fmt: skip
-    for column in ("program", "fitness", *caps, "similarity", "hit rate", "context chars",
-                   "context tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
+    for column in ("program", "fitness", *caps, "similarity", "hit rate", "ctx chars",
+                   "ctx tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
         table.add_column(column, justify="left" if column == "program" else "right")
     for r in rows:
         table.add_row(

@@ -382,3 +382,22 @@ def build_record(
             if spec.kind == "string_list" and not spec.optional:
                 values[spec.name] = []
     return cls(**values)
+
+
+def offline_units(program: Program, segment: Any) -> list[Any]:
+    """Offline extraction's stand-in: one ``MemoryUnit`` per message of ``segment`` (any object
+    with ``messages``, ``date`` and ``session_id``), text ``"role: content"``, metadata by name."""
+    ns = vars(program.module)
+    return [
+        build_record(
+            program.memory_unit,
+            f"{m.role}: {m.content}",
+            ns,
+            date=segment.date,
+            role=m.role,
+            session_id=segment.session_id,
+            message_id=m.id,
+            message_ids=[m.id],
+        )
+        for m in segment.messages
+    ]

@@ -28,6 +28,7 @@ from evolve.program import (
     check_shapes,
     json_schema,
     load_program,
+    offline_units,
     validate_record,
 )
 from evolve.stagecache import dump_state, load_state
@@ -146,19 +147,7 @@ class Server:
         ns, cls = vars(program.module), program.memory_unit
         segment = segment_from(req["segment"])
         if req.get("records") is None:
-            units = [
-                build_record(
-                    cls,
-                    f"{m.role}: {m.content}",
-                    ns,
-                    date=segment.date,
-                    role=m.role,
-                    session_id=segment.session_id,
-                    message_id=m.id,
-                    message_ids=[m.id],
-                )
-                for m in segment.messages
-            ]
+            units = offline_units(program, segment)
         else:
             units = [validate_record(cls, r, ns) for r in req["records"]]
         hook = program.hook("postprocess_units")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from evolve.datasets.types import Message, Segment
-from evolve.program import OUT_CHAR_BUDGET, BackendError, Program, build_record
+from evolve.program import OUT_CHAR_BUDGET, BackendError, Program, build_record, offline_units
 
 PROBE_UNITS = 2000
 PROBE_BATCHES = 100
@@ -107,20 +107,7 @@ def synthetic_session(
         for i in range(n_units)
     )
     segment = Segment(str(session), date, messages)
-    ns = vars(program.module)
-    units = [
-        build_record(
-            program.memory_unit,
-            f"{m.role}: {m.content}",
-            ns,
-            date=date,
-            role=m.role,
-            session_id=segment.session_id,
-            message_id=m.id,
-            message_ids=[m.id],
-        )
-        for m in messages
-    ]
+    units = offline_units(program, segment)
     return units, segment
 
 

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 
 from evolve.datasets.types import Message, Segment
-from evolve.program import OUT_CHAR_BUDGET, BackendError, Program, build_record, load_program
+from evolve.program import (
+    OUT_CHAR_BUDGET,
+    BackendError,
+    Program,
+    build_record,
+    load_program,
+    offline_units,
+)
 from evolve.stagecache import dump_state, load_state
 from sandbox.check import check_program
 
@@ -57,24 +64,6 @@ def program(**constants: Any) -> Program:
 
 def session(sid: str, date: str | None, *texts: str, role: str = "user") -> Segment:
     return Segment(sid, date, tuple(Message(f"{sid}-{i}", role, t) for i, t in enumerate(texts)))
-
-
-def offline_units(prog: Program, segment: Segment) -> list[Any]:
-    """One unit per message, as the executor's offline extraction makes them."""
-    ns = vars(prog.module)
-    return [
-        build_record(
-            prog.memory_unit,
-            f"{m.role}: {m.content}",
-            ns,
-            date=segment.date,
-            role=m.role,
-            session_id=segment.session_id,
-            message_id=m.id,
-            message_ids=[m.id],
-        )
-        for m in segment.messages
-    ]
 
 
 def build(prog: Program, backend: BagOfWords, *segments: Segment) -> Any:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from evolve.datasets.types import Message, Segment
-from evolve.program import BackendError, Program, build_record, load_program
+from evolve.program import BackendError, Program, load_program, offline_units
 from evolve.stagecache import dump_state, load_state
 from sandbox.check import check_program
 
@@ -80,19 +80,7 @@ def session(program: Program, sid: str, day: str, *texts: str) -> tuple[list[Any
     """Offline units, as the executor builds them: one per message, role and date filled."""
     messages = tuple(Message(f"{sid}-{i}", "user", text) for i, text in enumerate(texts))
     segment = Segment(sid, day, messages)
-    units = [
-        build_record(
-            program.memory_unit,
-            f"{m.role}: {m.content}",
-            vars(program.module),
-            date=day,
-            role=m.role,
-            session_id=sid,
-            message_id=m.id,
-            message_ids=[m.id],
-        )
-        for m in messages
-    ]
+    units = offline_units(program, segment)
     return units, segment
 
 

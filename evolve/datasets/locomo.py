@@ -52,6 +52,7 @@ from evolve.datasets.types import (
     Segment,
     TaskSet,
     read_json,
+    read_records,
 )
 
 DATA_FILES: tuple[str, ...] = ("locomo10.json", "locomo-sample.json")  # preference order
@@ -119,20 +120,7 @@ def data_file(data_dir: Path) -> Path:
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:
     """sample_id -> sample, in file order, after checking the top-level shape."""
-    data = read_json(path)
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a list of samples, got {type(data).__name__}")
-    samples: dict[str, dict[str, Any]] = {}
-    for i, sample in enumerate(data):
-        if not isinstance(sample, dict):
-            raise DataError(f"{path}: sample {i + 1} is {type(sample).__name__}, not an object")
-        sid = sample.get("sample_id")
-        if not isinstance(sid, str) or not sid:
-            raise DataError(f"{path}: sample {i + 1} has no string 'sample_id'")
-        if sid in samples:
-            raise DataError(f"{path}: sample id {sid!r} appears twice")
-        samples[sid] = sample
-    return samples
+    return {sample["sample_id"]: sample for sample in read_records(path, "sample", "sample_id")}
 
 
 # ---------------------------------------------------------------- conversation

@@ -58,6 +58,7 @@ from evolve.datasets.types import (
     Segment,
     TaskSet,
     read_json,
+    read_records,
 )
 
 TYPE_CAPABILITY: dict[str, str] = {
@@ -133,19 +134,9 @@ def data_file(data_dir: Path, variant: str) -> Path:
 def read_instances(path: Path) -> list[dict[str, Any]]:
     """The instances of one file, each checked to be an object with a unique string
     ``question_id`` and a known ``question_type`` (:func:`parse_instance` checks the rest)."""
-    data = read_json(path)
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a list of instances, got {type(data).__name__}")
-    seen: set[str] = set()
+    data = read_records(path, "instance", "question_id")
     for i, raw in enumerate(data):
-        if not isinstance(raw, dict):
-            raise DataError(f"{path}: instance [{i}] is {type(raw).__name__}, not an object")
-        qid = raw.get("question_id")
-        if not isinstance(qid, str) or not qid:
-            raise DataError(f"{path}: instance [{i}] has no string 'question_id'")
-        if qid in seen:
-            raise DataError(f"{path}: instance [{i}] repeats question_id {qid!r}")
-        seen.add(qid)
+        qid = raw["question_id"]
         if raw.get("question_type") not in TYPE_CAPABILITY:
             raise DataError(
                 f"{path}: instance [{i}] {qid}: unknown question_type "

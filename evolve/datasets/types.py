@@ -1,5 +1,6 @@
 """Benchmark-neutral data types: conversations, the segments a program sees, and questions;
-and :func:`read_json`, the one way loaders read a benchmark file (errors become one line).
+and :func:`read_json` / :func:`read_records`, the one way loaders read a benchmark file (errors
+become one line).
 
 Every loader (BEAM, LoCoMo, LongMemEval) converts its files into these types; nothing
 downstream knows which benchmark a conversation came from.
@@ -135,3 +136,22 @@ def read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON (line {e.lineno} column {e.colno})") from None
+
+
+def read_records(path: Path, kind: str, key: str) -> list[dict[str, Any]]:
+    """A JSON file holding a list of objects, each with a unique non-empty string ``key``;
+    every violation is a one-line `DataError` naming the file and the record (``kind [i]``)."""
+    data = read_json(path)
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a list of {kind}s, got {type(data).__name__}")
+    seen: set[str] = set()
+    for i, raw in enumerate(data):
+        if not isinstance(raw, dict):
+            raise DataError(f"{path}: {kind} [{i}] is {type(raw).__name__}, not an object")
+        rid = raw.get(key)
+        if not isinstance(rid, str) or not rid:
+            raise DataError(f"{path}: {kind} [{i}] has no string {key!r}")
+        if rid in seen:
+            raise DataError(f"{path}: {kind} [{i}] repeats {key} {rid!r}")
+        seen.add(rid)
+    return data

@@ -220,8 +220,9 @@ class Evolution:
         for stage in STAGES:
             while rounds.get(stage, 0) < self.config.rounds.get(stage, 0):
                 done = sum(rounds.values())
-                before = read_spend(self.store.root).total
-                self.stopped = self.config.budget.stop_reason(read_spend(self.store.root), costs)
+                spend = read_spend(self.store.root)
+                before = spend.total
+                self.stopped = self.config.budget.stop_reason(spend, costs)
                 if self.stopped:
                     self.store.log_event("budget_stop", reason=self.stopped, round=done)
                     return self._best()

@@ -2,9 +2,9 @@
 
 Used by the inspect commands (:mod:`evolve.cli_inspect`) and by exports (:mod:`.ship`). Nothing
 here writes to a run. Everything is derived from the store on each call — best overall and
-specialists come from :func:`~evolve.evolution.loop.best_overall` and
-:func:`~evolve.evolution.loop.specialists`, spend from the call log — so a summary can never
-disagree with the run it describes. Fitness is always :func:`~evolve.evolution.loop.fitness`
+specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own selection),
+spend from the call log — so a summary can never disagree with the run it describes. Fitness is
+always :func:`~evolve.evolution.archive.fitness`
 (the loop's selection signal) and ``None`` where a candidate has no score on that split.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution.archive import fitness
+from evolve.evolution.archive import archive, fitness
 from evolve.evolution.budget import read_spend
-from evolve.evolution.loop import STAGES, best_overall, specialists
+from evolve.evolution.loop import STAGES
 from evolve.evolution.store import STATUSES, CandidateMeta, RunNotFound, RunStore
 
 
@@ -68,7 +68,7 @@ def runs(runs_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for run in RunStore.list_runs(runs_dir):
         try:
-            best = best_overall(RunStore.open(runs_dir, run["id"]).candidates())
+            best = archive(RunStore.open(runs_dir, run["id"]).candidates()).best
         except (RunNotFound, OSError, ValueError):  # removed or corrupted since it was listed
             best = None
         rows.append({"id": run["id"], "created": run["created"],
@@ -94,7 +94,8 @@ def status(store: RunStore) -> dict[str, Any]:
     stopped = None
     if stops and stage != "finished" and stops[-1].get("round") == sum(done.values()):
         stopped = stops[-1].get("reason")
-    best = best_overall(candidates)
+    kept = archive(candidates)
+    best = kept.best
     counts = Counter(c.status for c in candidates)
     return {
         "run": store.run_id,
@@ -110,7 +111,7 @@ def status(store: RunStore) -> dict[str, Any]:
         "specialists": {
             cap: {"id": m.id, "name": CAPABILITY_NAMES[cap],
                   "valid_fitness": split_fitness(m, cap=cap)}
-            for cap, m in specialists(candidates).items()
+            for cap, m in kept.specialists.items()
         },
         "candidates": len(candidates),
         "by_status": {s: counts[s] for s in STATUSES},
