@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
+from evolve.models.llm import LLMError
 
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
 out = Console(width=None if sys.stdout.isatty() else 160)  # piped tables are not cut at 80
@@ -123,6 +124,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="judge LLM (litellm id) that scores answers by the benchmark's protocol; "
         "without one only the retrieval metrics are scored",
     )
+    parser.add_argument(
+        "--api-base", default=None, help="API base URL of the models (e.g. a local server)"
+    )
+    parser.add_argument(
+        "--task-max-tokens",
+        type=int,
+        default=1024,
+        help="reply limit of the task model per call (default 1024)",
+    )
     parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument(
@@ -168,9 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, DataError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2
+    except LLMError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))} (stage outputs computed so far are kept in "
+                  "the cache)", highlight=False, markup=True)  # fmt: skip
+        return 2
     except KeyboardInterrupt:
         err.print("interrupted: stage outputs computed so far are kept in the cache")
         return 130
+
+
+def task_config(args: argparse.Namespace) -> Any:
+    """The task model from ``--model``, ``--api-base`` and ``--task-max-tokens`` (None: offline)."""
+    if args.model.lower() in ("none", ""):
+        return None
+    if args.task_max_tokens < 1:
+        raise UsageError("--task-max-tokens must be at least 1")
+    from evolve.models.llm import ModelConfig
+
+    return ModelConfig(model=args.model, api_base=args.api_base, max_tokens=args.task_max_tokens)
 
 
 def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
@@ -187,7 +212,6 @@ def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
 def cmd_eval(args: argparse.Namespace) -> int:
     from evolve.datasets.benches import load_taskset
     from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
-    from evolve.models.llm import ModelConfig
     from evolve.worker import WorkerConfig
 
     if args.jobs < 1:
@@ -204,7 +228,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         fetch_beam(root, ["100K", "1M"])
         tasks = load_taskset(args.bench, root, args.split)
-    task_model = None if args.model.lower() in ("none", "") else ModelConfig(model=args.model)
+    task_model = task_config(args)
     if task_model is None:
         err.print(
             f"[bold yellow]no task model configured — {OFFLINE_MODE}:[/] extraction keeps "
@@ -214,7 +238,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         err.print("[bold red]embedder 'hashing' is a test double: scores are not meaningful[/]")
     cache = args.cache_dir or default_cache_dir()
     config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder)
-    judge = judge_client(args.judge, None, Path(cache))
+    judge = judge_client(args.judge, args.api_base, Path(cache))
     if judge is not None and task_model is None:
         err.print("[yellow]--judge has nothing to score without a task model (--model)[/]")
     elif judge is None and task_model is not None:
@@ -252,7 +276,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
     from evolve.datasets.benches import load_taskset
     from evolve.executor import EvalError
-    from evolve.models.llm import ModelConfig
     from evolve.worker import WorkerConfig
 
     if args.jobs < 1:
@@ -262,7 +285,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"program file {missing[0]} not found")
     tasks = load_taskset(args.bench, data_dir(args.data_dir), args.split)
-    task_model = None if args.model.lower() in ("none", "") else ModelConfig(model=args.model)
+    task_model = task_config(args)
     cache = args.cache_dir or default_cache_dir()
     config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder)
     if task_model is None:
@@ -270,8 +293,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     total = len(tasks.questions) * len(paths)
     with ProgressBar(total, not args.no_progress, "comparing") as advance:
         try:
+            judge = judge_client(args.judge, args.api_base, Path(cache))
             rows = compare_programs(paths, tasks, config, jobs=args.jobs, on_progress=advance,
-                                    judge=judge_client(args.judge, None, Path(cache)))  # fmt: skip
+                                    judge=judge)  # fmt: skip
         except EvalError as exc:
             raise UsageError(str(exc)) from None
     if args.json:

@@ -44,12 +44,23 @@ def add_command(sub: Any) -> None:
         default=None,
         help="coding LLM as a litellm id (default: --model); 'none' = the offline proposer",
     )
-    run.add_argument("--api-base", default=None, help="API base URL for the models (local servers)")
     run.add_argument(
         "--rounds",
         default=None,
         help="rounds of cold start, refinement, integration (default 2,6,2); with "
         "--resume, raises the run's caps",
+    )
+    run.add_argument(
+        "--coder-max-tokens",
+        type=int,
+        default=None,
+        help="reply limit of the coder model (default 8192: a reply may be a whole program)",
+    )
+    run.add_argument(
+        "--repairs",
+        type=int,
+        default=None,
+        help="repair attempts after a proposal fails to apply or fails the sandbox (default 3)",
     )
     run.add_argument("--max-usd", type=float, default=None, help="stop before spending more USD")
     run.add_argument("--max-tokens", type=int, default=None, help="stop before more LLM tokens")
@@ -99,10 +110,13 @@ def _run_config(args: argparse.Namespace) -> Any:
 
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    for flag in ("max_usd", "max_tokens"):
+    for flag in ("max_usd", "max_tokens", "repairs"):
         value = getattr(args, flag)
         if value is not None and not value >= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be a non-negative number")
+    for flag in ("coder_max_tokens", "task_max_tokens"):
+        if (getattr(args, flag) or 1) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
     try:
         counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
     except ValueError:
@@ -113,18 +127,20 @@ def _run_config(args: argparse.Namespace) -> Any:
     if args.no_integration:
         rounds["integration"] = 0
     caps: dict[str, Any] = {
-        k: getattr(args, k) for k in ("max_usd", "max_tokens") if getattr(args, k) is not None
+        k: getattr(args, k)
+        for k in ("max_usd", "max_tokens", "repairs")
+        if getattr(args, k) is not None
     }
     if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
         config = RunConfig(**_open_run(args)[1]["config"])
         if args.rounds:
             caps["rounds"] = rounds
         return dataclasses.replace(config, **caps)
-    task = _model(args.model, args.api_base)
+    task = _model(args.model, args.api_base, max_tokens=args.task_max_tokens)
     from evolve.evolution.coder import MAX_TOKENS
 
     coder_id = args.model if args.coder is None else args.coder
-    coder = _model(coder_id, args.api_base, max_tokens=MAX_TOKENS)
+    coder = _model(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
     default_seed = "simple.py" if coder else "hybrid.py"
     seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / default_seed
     if not Path(seed).is_file():
@@ -136,6 +152,10 @@ def _run_config(args: argparse.Namespace) -> Any:
         coder_model=coder, judge_model=_model(args.judge, args.api_base, max_tokens=256),
         holistic=args.holistic, selection=args.selection, cases=args.cases, **caps,
     )  # fmt: skip
+
+
+def _score(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
 
 
 def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -186,15 +206,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     seed_meta = store.candidates()[0]
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
-        sim, hit = v["evidence_similarity"], v["evidence_hit_rate"]
+        sim, hit = _score(v["evidence_similarity"]), _score(v["evidence_hit_rate"])
         out.print(f"{label} {meta.id}: valid fitness {fitness(v):.3f} "
-                  f"(similarity {sim:.3f}, hit rate {hit:.3f})")  # fmt: skip
+                  f"(similarity {sim}, hit rate {hit})")  # fmt: skip
     spend = read_spend(store.root).total
     if spend.calls:
         out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"
                   + (f" ({spend.unpriced_calls} without a known price)"
                      if spend.unpriced_calls else ""))  # fmt: skip
-    out.print(f"run {store.run_id}: {len(store.candidates())} candidates in {store.root}")
+    n = len(store.candidates())
+    out.print(f"run {store.run_id}: {n} candidate{'s' * (n != 1)} in {store.root}")
     if evolution.stopped:
         resume = f"evolve run --resume {store.run_id}"
         err.print(f"[yellow]stopped early: {escape(evolution.stopped)}[/] — continue with "

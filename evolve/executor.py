@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,8 @@ def evaluate(
 
     metrics = list(METRICS)
     answers = make_scorer(tasks.bench, judge)
+    usage = [u for r in results.values() for u in r.usage]
+    judged_before = len(judge.records) if judge is not None else 0
     if not config.offline:
         metrics += answers.metrics
         for trace in traces:  # a failed question is scored as an empty answer
@@ -138,6 +140,8 @@ def evaluate(
     summary = aggregate(rows, metrics)
     if not config.offline:
         summary["headline"] = answers.summarize(rows)
+    if judge is not None:
+        usage += [asdict(r) for r in judge.records[judged_before:]]
     if config.diagnose:
         summary["diagnostics"] = diagnostics.summarize(traces)
     return EvalReport(
@@ -163,7 +167,7 @@ def evaluate(
         },
         scores=summary,
         stages=_sum_counters(r.counters for r in results.values()),
-        usage=_sum_usage(u for r in results.values() for u in r.usage),
+        usage=_sum_usage(usage),
         work=_sum_work(results.values()),
         traces=traces,
     )

@@ -220,6 +220,10 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
     assert "beam_official" in report.meta["metrics"]
     rubric = [q for q in tasks.questions if q.ability != "event_ordering"]
     assert judge.usage_summary()["judge"]["calls"] >= 2 * sum(len(q.rubric) for q in rubric)
+    assert report.usage["judge"]["calls"] == judge.usage_summary()["judge"]["calls"]
+    again = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)  # counts its own calls
+    assert again.usage["judge"]["calls"] == report.usage["judge"]["calls"]
+    assert again.usage["judge"]["cached_calls"] == 0  # the scripted judge has no request cache
     for trace in report.traces:
         q = next(q for q in tasks.questions if q.id == trace["id"])
         if q.ability != "event_ordering" and q.rubric:

@@ -8,8 +8,9 @@ Invariants:
   capability is weak, which cases a refinement sees) and never reach a memory program.
 - With an annotator model (role ``annotator``, stage ``annotate``), each task is labelled by one
   JSON call; the reply is validated (capabilities from F, T, P, M, A; the primary not repeated
-  among the secondaries) and repaired by the client if malformed. Calls are cached by the LLM
-  request cache, so a task is labelled once per model.
+  among the secondaries) and repaired by the client if malformed; a task whose replies never
+  validate keeps its native label, with a source that says so (a transport failure still stops
+  the caller). Calls are cached by the LLM request cache, so a task is labelled once per model.
 - Without a model the benchmark's native map stands in (primary = the native capability, no
   secondaries) and every label says so (``source == "native"``).
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES, Question, TaskSet
-from evolve.models.llm import LLMClient
+from evolve.models.llm import JSONReplyError, LLMClient
 
 MAX_SECONDARY = 2
 
@@ -45,7 +46,11 @@ SCHEMA = {
     "type": "object",
     "properties": {
         "primary": {"type": "string", "enum": list(CAPABILITIES)},
-        "secondary": {"type": "array", "items": {"type": "string", "enum": list(CAPABILITIES)}},
+        "secondary": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(CAPABILITIES)},
+            "maxItems": MAX_SECONDARY,
+        },
     },
     "required": ["primary"],
 }
@@ -55,7 +60,7 @@ SCHEMA = {
 class Labels:
     primary: str
     secondary: tuple[str, ...]
-    source: str  # "native" or "annotator:<model>"
+    source: str  # "native", "annotator:<model>" or "native: <why the annotator's was not used>"
 
     def covers(self, capability: str) -> bool:
         return capability == self.primary or capability in self.secondary
@@ -88,8 +93,12 @@ def annotate(tasks: TaskSet, llm: LLMClient | None) -> dict[str, Labels]:
     assert config is not None
     out = {}
     for q in tasks.questions:
-        primary, secondary = llm.complete_json(
-            "annotator", "annotate", _prompt(q), SCHEMA, _validate, max_tokens=60
-        )
+        try:
+            primary, secondary = llm.complete_json(
+                "annotator", "annotate", _prompt(q), SCHEMA, _validate, max_tokens=60
+            )
+        except JSONReplyError:  # the model answered, but never usably: this task keeps its own
+            out[q.id] = Labels(q.capability, (), "native: the annotator gave no valid label")
+            continue
         out[q.id] = Labels(primary, secondary, f"annotator:{config.model}")
     return out

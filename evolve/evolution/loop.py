@@ -2,7 +2,7 @@
 
 One round = ask the proposer for a child (:class:`~evolve.evolution.proposer.Proposer`: the LLM
 coder when a coder model is configured, else the offline proposer), check it in the sandbox
-(up to :data:`~evolve.evolution.proposer.REPAIRS` repair attempts fed by the error), evaluate
+(up to ``RunConfig.repairs`` repair attempts fed by the error), evaluate
 it on train and valid with stage reuse, and file it in the run store. Selection never reads
 the test split.
 
@@ -81,6 +81,7 @@ class RunConfig:
     judge_model: dict[str, Any] | None = None  # scores answers by the benchmark's protocol
     max_usd: float | None = None
     max_tokens: int | None = None
+    repairs: int = REPAIRS  # repair attempts after a proposal that fails to apply or the sandbox
     # ablations (design §4): no capabilities; how refinement picks its target; which cases
     holistic: bool = False
     selection: str = "dependency"  # or "round-robin"
@@ -132,7 +133,7 @@ def workload(config: RunConfig) -> Workload:
     prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
     rounds = sum(config.rounds.values())
     return Workload(rounds, rounds + 1, windows, chars, questions,
-                    len(prompt) + 4 * CASE_CHARS, REPAIRS, judged)  # fmt: skip
+                    len(prompt) + 4 * CASE_CHARS, config.repairs, judged)  # fmt: skip
 
 
 Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds in total)
@@ -160,6 +161,7 @@ class Evolution:
         self.config = config
         self.progress = progress or (lambda *_: None)
         self.stopped: str | None = None  # why the run stopped before its last round
+        injected_coder = coder is not None
         if coder is None and config.coder_model is not None:
             coder = LLMClient(
                 Models(coder=ModelConfig(**config.coder_model)),
@@ -187,7 +189,7 @@ class Evolution:
         self._labels: dict[str, Labels] | None = None
         # The coder's model labels the tasks; without one (or with an injected coder and no
         # injected annotator) the native map stands in, and the "annotated" event says so.
-        if annotator is None and config.coder_model is not None and coder is None:
+        if annotator is None and config.coder_model is not None and not injected_coder:
             annotator = LLMClient(
                 Models(annotator=ModelConfig(**config.coder_model)),
                 log_path=calls_path(store.root),
@@ -349,11 +351,11 @@ class Evolution:
         self.evaluate(self.store.get(child.id), report)
 
     def attempt(self, request: Request) -> tuple[Proposal, CheckReport | None, list[str]]:
-        """The proposal, then up to REPAIRS repairs; returns the last proposal, its sandbox
-        report (None when it has no source) and the error of every failed attempt."""
+        """The proposal, then up to ``config.repairs`` repairs; returns the last proposal, its
+        sandbox report (None when it has no source) and the error of every failed attempt."""
         proposal = self.proposer.propose(request)
         failures: list[str] = []
-        for attempt in range(REPAIRS + 1):
+        for attempt in range(self.config.repairs + 1):
             report = None
             if proposal.source is not None:
                 report = sandbox_check(proposal.source, "candidate", request.parent.source)
@@ -364,7 +366,7 @@ class Evolution:
             self.store.log_event("attempt_failed", stage=request.stage, round=request.round_no,
                                  attempt=attempt, error=error)  # fmt: skip
             spent = self.config.budget.exhausted(read_spend(self.store.root))
-            can_repair = attempt < REPAIRS and not spent
+            can_repair = attempt < self.config.repairs and not spent
             repaired = self.proposer.repair(request, proposal, error) if can_repair else None
             if repaired is None:
                 return proposal, report, failures

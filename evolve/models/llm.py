@@ -1,7 +1,7 @@
 """LLM calls by role: configuration, transport with retries, JSON repair, request cache, accounting.
 
 Owns :data:`ROLES`, :class:`ModelConfig`, :class:`Models`, :class:`LLMClient`, :class:`Completion`,
-:class:`UsageRecord`, :class:`LLMError` and :func:`parse_json_reply`.
+:class:`UsageRecord`, :class:`LLMError`, :class:`JSONReplyError` and :func:`parse_json_reply`.
 
 Invariants:
 
@@ -17,7 +17,8 @@ Invariants:
 - Transient transport errors (rate limit, timeout, connection, 503, 500) are retried with
   exponential backoff and jitter; anything else, or exhausting the retries, raises
   :class:`LLMError` with a one-line message.
-- API keys are never written: ModelConfig holds none (litellm reads them from the environment),
+- API keys are never written: ModelConfig holds none (litellm reads them from the environment;
+  a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
   secret-named extra params are left out of the request hash, and error texts are redacted.
 """
 
@@ -51,6 +52,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 ROLES = ("task", "judge", "annotator", "coder")
 JSON_ATTEMPTS = 3
+# Sent to an ``api_base`` whose provider key is not in the environment: local OpenAI-compatible
+# servers accept any key, but litellm's provider refuses to call without one.
+LOCAL_API_KEY = "no-key"
 
 T = TypeVar("T")
 Message = dict[str, Any]
@@ -72,6 +76,10 @@ CREATE TABLE IF NOT EXISTS responses (
 
 class LLMError(RuntimeError):
     """A call failed for good: not configured, non-transient error, retries or repairs spent."""
+
+
+class JSONReplyError(LLMError):
+    """The model answered, but no reply held valid JSON after :data:`JSON_ATTEMPTS` attempts."""
 
 
 class ModelConfig(BaseModel):
@@ -292,7 +300,9 @@ class LLMClient:
                     "Reply again with only the corrected JSON.",
                 },
             ]
-        raise LLMError(f"{role}/{stage}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}")
+        raise JSONReplyError(
+            f"{role}/{stage}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}"
+        )
 
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
         """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
@@ -317,6 +327,11 @@ class LLMClient:
             row["cached_calls"] += int(r.cached)
             row["errors"] += int(r.error is not None)
         return summary
+
+    @property
+    def records(self) -> tuple[UsageRecord, ...]:
+        """The calls this client made (or merged) since it was created or last drained."""
+        return tuple(self._records)
 
     def drain_records(self) -> list[UsageRecord]:
         """Return and forget the in-memory records (already in the SQLite log, if any)."""
@@ -344,6 +359,9 @@ class LLMClient:
         kwargs = dict(config.extra)
         if config.api_base is not None:
             kwargs["api_base"] = config.api_base
+            env = litellm.validate_environment(model=config.model, api_base=config.api_base)
+            if "api_key" not in kwargs and not env.get("keys_in_environment", True):
+                kwargs["api_key"] = LOCAL_API_KEY
         if json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": json_schema}
         response = litellm.completion(
