@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import write_beam_slice
 
 from evolve.evolution.archive import fitness
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
@@ -128,3 +129,19 @@ def _wait_for_candidates(run: Path, n: int, proc: subprocess.Popen[bytes]) -> bo
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.mark.parametrize("seed", ["prism", "ariadne"])
+def test_reference_programs_seed_a_run(seed: str, data_dir: Path, tmp_path: Path):
+    """PRISM and AriadneMem start an offline run: the seed is evaluated and a cold-start child,
+    made from the seed's own tunable constants, passes the sandbox and is evaluated too."""
+    data = write_beam_slice(data_dir, tmp_path / "data", messages=12, chars=400)
+    cfg = config(data, tmp_path / "cache", seed_program=str(ROOT / "seeds" / f"{seed}.py"),
+                 rounds={"cold_start": 1, "refinement": 0, "integration": 0})  # fmt: skip
+    store = RunStore.create(tmp_path, {"config": cfg.as_json()}, run_id=seed)
+    Evolution(store, cfg).run()
+    parent, child = store.candidates()
+    assert (parent.stage, parent.status) == ("seed", "evaluated")
+    assert (child.stage, child.status, child.parents) == ("cold_start", "evaluated", [parent.id])
+    assert store.source(child.id) != store.source(parent.id)
+    assert child.sandbox and child.sandbox["passed"]

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.real_llm
 
 MODEL = "openai/smollm2"  # litellm's OpenAI-compatible client; the server serves one model
 STARTUP_S = 60
+SLICE: dict[str, Any] = {"messages": 4, "chars": 300}
 
 
 def _weights() -> Path | None:
@@ -73,7 +74,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("llm") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(_weights()),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
-               "--verbose", "False"]  # fmt: skip
+               "--n_threads", "2", "--n_threads_batch", "2", "--verbose", "False"]  # fmt: skip
     with log.open("wb") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
@@ -91,6 +92,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def shared(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny BEAM slices and one cache, as a user's later commands would share it: the run's
+    first train conversation is the one ``evolve eval`` already answered, so it is reused."""
+    root = tmp_path_factory.mktemp("shared")
+    return {
+        "one": write_beam_slice(data_dir, root / "one", refs=[("100K", "1")], **SLICE),
+        "all": write_beam_slice(data_dir, root / "all", **SLICE),
+        "cache": root / "cache",
+    }
 
 
 def evolve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -160,12 +173,12 @@ def test_unreachable_server_is_retried_and_a_bad_path_is_not(server: str, tmp_pa
 
 
 def test_eval_answers_and_judges_through_the_server(
-    server: str, data_dir: Path, tmp_path: Path
+    server: str, shared: dict[str, Path], tmp_path: Path
 ) -> None:
-    data = write_beam_slice(data_dir, tmp_path / "data", refs=[("100K", "1")])
-    args = ("eval", "--program", str(Path("seeds/dense.py").resolve()), "--split", "all",
-            "--data-dir", str(data), "--model", MODEL, "--judge", MODEL, "--api-base", server,
-            "--task-max-tokens", "384", "--cache-dir", str(tmp_path / "cache"),
+    cache = shared["cache"]
+    args = ("eval", "--program", str(Path("seeds/simple.py").resolve()), "--split", "all",
+            "--data-dir", str(shared["one"]), "--model", MODEL, "--judge", MODEL,
+            "--api-base", server, "--task-max-tokens", "384", "--cache-dir", str(cache),
             "--runs-dir", str(tmp_path / "runs"), "--jobs", "1", "--json",
             "--no-progress")  # fmt: skip
     first = evolve(*args, cwd=tmp_path)
@@ -184,7 +197,7 @@ def test_eval_answers_and_judges_through_the_server(
         assert isinstance(trace.get("answer"), str) or str(trace.get("error")).split(":")[0] in {
             "extract", "index", "plan", "retrieve", "answer"}  # fmt: skip
         assert "beam_official" in trace["scores"]
-    logged = calls(tmp_path / "cache" / "llm-calls.sqlite")
+    logged = calls(cache / "llm-calls.sqlite")
     assert {r["role"] for r in logged} == {"task", "judge"}
     assert sum(r["completion_tokens"] for r in logged) == sum(
         usage[r]["completion_tokens"] for r in ("task", "judge")
@@ -199,15 +212,14 @@ def test_eval_answers_and_judges_through_the_server(
 
 
 def test_two_rounds_of_evolve_run_with_a_real_coder(
-    server: str, data_dir: Path, tmp_path: Path
+    server: str, shared: dict[str, Path], tmp_path: Path
 ) -> None:
-    data = write_beam_slice(data_dir, tmp_path / "data", messages=4, chars=300)
     runs = tmp_path / "runs"
     began = time.monotonic()
     done = evolve("run", "--model", MODEL, "--api-base", server,
                   "--rounds", "1,1,0", "--conversations", "1", "--repairs", "1",
                   "--coder-max-tokens", "256", "--task-max-tokens", "384",
-                  "--data-dir", str(data), "--cache-dir", str(tmp_path / "cache"),
+                  "--data-dir", str(shared["all"]), "--cache-dir", str(shared["cache"]),
                   "--runs-dir", str(runs), "--no-progress", cwd=tmp_path)  # fmt: skip
     wall = time.monotonic() - began
     assert done.returncode == 0, done.stderr[-2000:]
@@ -243,7 +255,14 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     for proposal in failed:
         assert proposal["errors"] and all(e.strip() for e in proposal["errors"])
         assert proposal["usage"]["calls"] >= 2  # the diagnosis, then the patch (and repairs)
-    tokens = {r["role"]: 0 for r in rows}
+    by_stage: dict[str, list[int]] = {}
     for r in rows:
-        tokens[r["role"]] += r["prompt_tokens"] + r["completion_tokens"]
-    print(f"\nreal-LLM run: {wall:.0f} s wall, {len(rows)} calls, tokens by role {tokens}")
+        row = by_stage.setdefault(f"{r['role']}/{r['stage']}", [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += int(r["cached"])
+        row[2] += r["prompt_tokens"]
+        row[3] += r["completion_tokens"]
+    print(f"\nreal-LLM run: {wall:.0f} s wall, {len(rows)} calls; role/stage: "
+          "[calls, cached, prompt tokens, completion tokens]")  # fmt: skip
+    for key, value in sorted(by_stage.items()):
+        print(f"  {key}: {value}")

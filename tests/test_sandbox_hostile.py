@@ -22,9 +22,9 @@ processes; nothing is written to a world-writable sentinel folder under ``tmp_pa
 mtime and size; a TCP server on 127.0.0.1 receives no connection.
 
 Speed: :data:`sandbox.check.TIER_SECONDS` is patched for this module to
-:data:`FAST_TIER_SECONDS` (source/schema/smoke 8 s, probe 20 s instead of 30/15/30/90 s), so the
-run-time cases that hang are killed after 8-20 s instead of 30-90 s. Static cases take
-milliseconds; the whole module takes about a minute and a half on two cores.
+:data:`FAST_TIER_SECONDS` (source/schema/smoke 5 s, probe 12 s instead of 30/15/30/90 s), so the
+run-time cases that hang are killed after 5-12 s instead of 30-90 s. Static cases take
+milliseconds; the whole module takes about a minute on two cores.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SEEDS = sorted((REPO / "seeds").glob("*.py"))
 DENSE = (REPO / "seeds" / "dense.py").read_text()
 WATCHED = [REPO / "splits" / "beam.json", *SEEDS]
 PWNED_PREFIX = f"/tmp/prismem-pwned-{uuid.uuid4().hex[:10]}"
-FAST_TIER_SECONDS = {"source": 8.0, "schema": 8.0, "smoke": 8.0, "probe": 20.0}
+FAST_TIER_SECONDS = {"source": 5.0, "schema": 5.0, "smoke": 5.0, "probe": 12.0}
 TIMEOUT_CEILING_S = 120.0  # any single check, hung programs included, returns within this
 
 

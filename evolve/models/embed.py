@@ -20,11 +20,13 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +191,9 @@ class HashingEmbedder(Embedder):
 
     Lower-cased word tokens and their character trigrams (with ``#`` word boundaries) are
     hashed (blake2b, so stable across processes) into ``dim`` signed buckets, then the row is
-    L2-normalised; a text without tokens stays the zero vector. It never loads a model. It is
+    L2-normalised; a text without tokens stays the zero vector. A word's buckets are hashed once
+    per process (an LRU cache), so encoding is one vectorised add per text. It never loads a
+    model. It is
     for tests and explicit offline smoke runs only: callers must select it by name and say so.
     """
 
@@ -201,12 +205,26 @@ class HashingEmbedder(Embedder):
     def _encode(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
-            for word in _TOKEN.findall(text.lower()):
-                padded = f"#{word}#"
-                grams = [padded[i : i + 3] for i in range(len(padded) - 2)]
-                for feature in [f"w:{word}", *(f"c:{g}" for g in grams)]:
-                    digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest()
-                    h = int.from_bytes(digest, "little")
-                    out[row, h % self.dim] += 1.0 if (h >> 63) & 1 else -1.0
+            counts = Counter(_TOKEN.findall(text.lower()))
+            if not counts:
+                continue
+            parts = [(*_word_features(word, self.dim), n) for word, n in counts.items()]
+            buckets = np.concatenate([b for b, _, _ in parts])
+            weights = np.concatenate([signs * n for _, signs, n in parts])
+            np.add.at(out[row], buckets, weights)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms > 0, norms, 1.0)
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _word_features(word: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (bucket, sign) pairs of one word's features: the word and its boundary trigrams."""
+    padded = f"#{word}#"
+    features = [f"w:{word}", *(f"c:{padded[i : i + 3]}" for i in range(len(padded) - 2))]
+    hashes = [
+        int.from_bytes(hashlib.blake2b(f.encode("utf-8"), digest_size=8).digest(), "little")
+        for f in features
+    ]
+    buckets = np.array([h % dim for h in hashes], dtype=np.int64)
+    signs = np.array([1.0 if (h >> 63) & 1 else -1.0 for h in hashes], dtype=np.float32)
+    return buckets, signs
