@@ -136,6 +136,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument(
+        "--backend",
+        default="local",
+        choices=["local", "ray"],
+        help="where conversations are evaluated: local processes (default) or a Ray cluster",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join (e.g. auto or ray://head:10001); default: a local instance",
+    )
+    parser.add_argument(
         "--runs-dir",
         type=Path,
         default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
@@ -198,6 +209,16 @@ def task_config(args: argparse.Namespace) -> Any:
     return ModelConfig(model=args.model, api_base=args.api_base, max_tokens=args.task_max_tokens)
 
 
+def backend_of(args: argparse.Namespace) -> Any:
+    """The evaluation backend of ``--backend/--jobs/--ray-address`` (UsageError if unusable)."""
+    from evolve.distributed import make_backend
+
+    try:
+        return make_backend(args.backend, args.jobs, args.ray_address)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
     """The LLM client of the judge role (None without a judge); calls logged and cached."""
     if name is None or name.lower() in ("none", ""):
@@ -254,6 +275,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 on_progress=advance,
                 hit_threshold=args.hit_threshold,
                 judge=judge,
+                backend=backend_of(args),
             )
         except EvalError as exc:
             raise UsageError(str(exc)) from None
@@ -294,8 +316,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with ProgressBar(total, not args.no_progress, "comparing") as advance:
         try:
             judge = judge_client(args.judge, args.api_base, Path(cache))
-            rows = compare_programs(paths, tasks, config, jobs=args.jobs, on_progress=advance,
-                                    judge=judge)  # fmt: skip
+            rows = compare_programs(paths, tasks, config, on_progress=advance, judge=judge,
+                                    backend=backend_of(args))  # fmt: skip
         except EvalError as exc:
             raise UsageError(str(exc)) from None
     if args.json:

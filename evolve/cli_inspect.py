@@ -1,8 +1,9 @@
 """The ``evolve`` commands that inspect and ship a run's candidates.
 
 ``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
-``freeze`` and ``export`` delegate to :mod:`evolve.evolution.ship`. Parsing and rendering live
-here; the data comes from :mod:`evolve.evolution.summary` and the
+``freeze`` and ``export`` delegate to :mod:`evolve.evolution.ship`; ``report`` writes the HTML
+page of :mod:`evolve.evolution.report` (into the run folder unless ``--out`` says otherwise).
+Parsing and rendering live here; the data comes from :mod:`evolve.evolution.summary` and the
 :class:`~evolve.evolution.store.RunStore`.
 
 Invariants:
@@ -49,6 +50,7 @@ COMMANDS: tuple[str, ...] = (
     "lineage",
     "freeze",
     "export",
+    "report",
 )
 CANDIDATE_HELP = (
     "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "
@@ -106,6 +108,10 @@ def add_commands(sub: Any) -> None:
     export.add_argument("--out", type=Path, required=True, help="the program file to write")
     export.add_argument("--force", action="store_true", help="overwrite an existing --out")
 
+    report = command("report", "write a run's self-contained HTML report")
+    report.add_argument("run", nargs="?", help="run id (default: newest)")
+    report.add_argument("--out", type=Path, help="the HTML file (default: <run>/report.html)")
+
 
 def dispatch(args: argparse.Namespace) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -117,6 +123,7 @@ def dispatch(args: argparse.Namespace) -> int:
         "lineage": cmd_lineage,
         "freeze": cmd_freeze,
         "export": cmd_export,
+        "report": cmd_report,
     }
     try:
         return commands[args.command](args)
@@ -474,4 +481,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             markup=False,
             highlight=False,
         )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from evolve.evolution.report import render_html, report_data
+
+    store = open_run(args.runs_dir, args.run)
+    data = report_data(store)
+    target = args.out or store.root / "report.html"
+    try:
+        target.write_text(render_html(data), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
+    if _emit(args, {"run": store.run_id, "report": str(target)}):
+        return 0
+    out.print(f"report of run {store.run_id} written to {escape(str(target))}")
     return 0

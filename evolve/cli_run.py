@@ -149,6 +149,7 @@ def _run_config(args: argparse.Namespace) -> Any:
         data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
         cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
         embedder=args.embedder, conversations=args.conversations, task_model=task,
+        backend=args.backend, ray_address=args.ray_address,
         coder_model=coder, judge_model=_model(args.judge, args.api_base, max_tokens=256),
         holistic=args.holistic, selection=args.selection, cases=args.cases, **caps,
     )  # fmt: skip

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from evolve.datasets.types import CAPABILITIES, TaskSet
+from evolve.distributed import Backend
 from evolve.evolution.archive import fitness
 from evolve.executor import ProgressFn, evaluate
 from evolve.models.llm import LLMClient
@@ -44,7 +45,7 @@ def compare_programs(
     tasks: TaskSet,
     config: WorkerConfig,
     *,
-    jobs: int = 2,
+    backend: Backend,
     judge: LLMClient | None = None,
     on_progress: ProgressFn | None = None,
 ) -> list[dict[str, Any]]:
@@ -52,7 +53,8 @@ def compare_programs(
     size and retrieval latency (p50/p95 ms), plus the full report's scores."""
     rows = []
     for path in paths:
-        report = evaluate(path, tasks, config, jobs=jobs, judge=judge, on_progress=on_progress)
+        report = evaluate(path, tasks, config, judge=judge, on_progress=on_progress,
+                          backend=backend)  # fmt: skip
         traces = [t for t in report.traces if not t.get("error")]
         chars = [len(t.get("retrieved") or "") for t in traces]
         latency = [float(t["retrieve_ms"]) for t in traces if t.get("retrieve_ms") is not None]

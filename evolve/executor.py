@@ -1,13 +1,13 @@
 """Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
 
 The executor is the parent side of execution (design §2). It never runs program code itself:
-each conversation is a job for :func:`evolve.worker.run_conversation` in a pool of worker
-processes (joblib's loky executor, reused between evaluations so the embedding model loads once
-per worker). Workers decide per stage what to reuse from the stage store; the executor sums
-their counters, scores every question here with :mod:`evolve.scoring.offline` and, when the
-task model answered, with the benchmark's answer scorer (:mod:`evolve.scoring.answers`; judge
-calls are made here, in the parent) — scoring code never shares a process with a candidate —
-and writes per-question traces.
+each conversation is a job for :func:`evolve.worker.run_conversation` on a backend
+(:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
+model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
+stage store; the executor sums their counters, scores every question here with
+:mod:`evolve.scoring.offline` and, when the task model answered, with the benchmark's answer
+scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent) — scoring code
+never shares a process with a candidate — and writes per-question traces.
 
 Invariants:
 - No program is evaluated before it has passed the sandbox (:func:`sandbox.check.check_program`)
@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from joblib.externals.loky import get_reusable_executor
-
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
+from evolve.distributed import Backend, make_backend
 from evolve.models.llm import LLMClient
 from evolve.program import source_digest
 from evolve.scoring.answers import make_scorer
@@ -82,10 +80,12 @@ def evaluate(
     hit_threshold: float | None = None,
     on_progress: ProgressFn | None = None,
     judge: LLMClient | None = None,
+    backend: Backend | None = None,
 ) -> EvalReport:
     """Run every stage for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
-    client holding the judge model; None scores without a judge)."""
+    client holding the judge model; None scores without a judge). Jobs run on ``backend``
+    (default: the local pool with ``jobs`` workers)."""
     try:
         source = Path(program_path).read_text()
         fps = fingerprints(source)
@@ -98,8 +98,14 @@ def evaluate(
         sandbox = sandbox_check(source, str(program_path))
         if not sandbox.passed:
             raise EvalError(f"{program_path}: {sandbox.repair_text()}")
-    pool = _pool(jobs)
-    results = _run_jobs(pool, source, str(program_path), tasks, config, on_progress)
+    backend = backend or make_backend("local", jobs)
+    if backend.name != "local":  # other machines see the caches by absolute path only
+        config = replace(
+            config,
+            cache_dir=str(Path(config.cache_dir).resolve()),
+            calls_log=str(Path(config.calls_log).resolve()) if config.calls_log else None,
+        )
+    results = _run_jobs(backend, source, str(program_path), tasks, config, on_progress)
 
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
@@ -182,15 +188,8 @@ def sandbox_check(source: str, path: str, parent_source: str | None = None) -> C
     return report
 
 
-def _pool(jobs: int) -> Any:
-    """The reusable worker pool (loky); torch gets an equal share of the cores in each worker."""
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    return get_reusable_executor(max_workers=max(1, jobs), timeout=300, env=env)
-
-
 def _run_jobs(
-    executor: Any,
+    backend: Backend,
     source: str,
     path: str,
     tasks: TaskSet,
@@ -199,18 +198,18 @@ def _run_jobs(
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
     with multiprocessing.Manager() as manager:
-        ticks = manager.Queue()  # workers put one conversation id per finished question
+        # workers put one conversation id per finished question (where they can reach it)
+        ticks = manager.Queue() if backend.live_progress else None
         futures: dict[Future[ConversationResult], str] = {}
         for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
             qs = by_conv[conv.id]
-            futures[executor.submit(run_conversation, source, path, conv, qs, config, ticks)] = (
-                conv.id
-            )
+            job = backend.executor.submit(run_conversation, source, path, conv, qs, config, ticks)
+            futures[job] = conv.id
         results: dict[str, ConversationResult] = {}
         reported: Counter[str] = Counter()
 
         def drain() -> None:
-            while not ticks.empty():
+            while ticks is not None and not ticks.empty():
                 conv_id = ticks.get()
                 reported[conv_id] += 1
                 if on_progress:

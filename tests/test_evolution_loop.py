@@ -7,6 +7,7 @@ test double: the numbers mean nothing, but they are deterministic, which resume 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import write_beam_slice
 
+from evolve.cli import main
 from evolve.evolution.archive import fitness
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
@@ -145,3 +147,43 @@ def test_reference_programs_seed_a_run(seed: str, data_dir: Path, tmp_path: Path
     assert (child.stage, child.status, child.parents) == ("cold_start", "evaluated", [parent.id])
     assert store.source(child.id) != store.source(parent.id)
     assert child.sandbox and child.sandbox["passed"]
+
+
+REPORT_SECTIONS = ("summary", "matrix", "lineage", "progress", "spend", "cache", "integration")
+
+
+def test_report_is_self_contained_and_renders(uninterrupted: RunStore, tmp_path: Path):
+    """`evolve report` writes one HTML file with every section; headless Chromium renders it
+    (DOM dumped, screenshot taken) with no network."""
+    page = tmp_path / "report.html"
+    runs = str(uninterrupted.root.parent)
+    assert main(["report", "whole", "--runs-dir", runs, "--out", str(page)]) == 0
+    html = page.read_text()
+    assert all(f'<section id="{s}">' in html for s in REPORT_SECTIONS)
+    assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
+    integration = html[html.index('<section id="integration">') :]
+    (merged,) = [c for c in uninterrupted.candidates() if c.stage == "integration"]
+    assert merged.id in integration and all(p in integration for p in merged.parents)
+    cache = html[html.index('<section id="cache">') : html.index('<section id="integration">')]
+    # offline: every stage but answer ran (and was counted); answer has no rate
+    assert cache.count(" %</td>") == 4 and "<td>answer</td>" in cache
+    for c in uninterrupted.candidates():
+        assert c.id in html[html.index('<section id="lineage">') :]
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        why = "chromium is not installed: see the README"
+        if os.environ.get("PRISMEM_CHROMIUM") == "require":
+            pytest.fail(why)
+        pytest.skip(why)
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120, check=True).stdout  # fmt: skip
+    for title in ("Capability × candidate", "Lineage", "Best valid fitness so far", "Spend",
+                  "Stage cache", "Integration"):  # fmt: skip
+        assert f"{title}" in dom
+    assert "<svg" in dom and "<polyline" in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True,
+                   timeout=120, check=True)  # fmt: skip
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

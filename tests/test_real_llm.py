@@ -36,6 +36,9 @@ pytestmark = pytest.mark.real_llm
 MODEL = "openai/smollm2"  # litellm's OpenAI-compatible client; the server serves one model
 STARTUP_S = 60
 SLICE: dict[str, Any] = {"messages": 4, "chars": 300}
+# Every reply's limit: the 135M model can loop in a JSON array or ramble for hundreds of tokens
+# (what it writes differs between builds of llama.cpp), so the limit bounds the tier's time.
+REPLY_TOKENS = 128
 
 
 def _weights() -> Path | None:
@@ -178,7 +181,7 @@ def test_eval_answers_and_judges_through_the_server(
     cache = shared["cache"]
     args = ("eval", "--program", str(Path("seeds/simple.py").resolve()), "--split", "all",
             "--data-dir", str(shared["one"]), "--model", MODEL, "--judge", MODEL,
-            "--api-base", server, "--task-max-tokens", "384", "--cache-dir", str(cache),
+            "--api-base", server, "--task-max-tokens", str(REPLY_TOKENS), "--cache-dir", str(cache),
             "--runs-dir", str(tmp_path / "runs"), "--jobs", "1", "--json",
             "--no-progress")  # fmt: skip
     first = evolve(*args, cwd=tmp_path)
@@ -186,17 +189,19 @@ def test_eval_answers_and_judges_through_the_server(
     report = json.loads(first.stdout)
     assert report["meta"]["models"]["task"] == report["meta"]["models"]["judge"] == MODEL
     usage = report["usage"]
-    assert set(usage["task"]["stages"]) >= {"eval/extract", "eval/plan", "eval/answer"}
-    assert usage["judge"]["stages"].get("beam/rubric", 0) > 0
+    traces = [json.loads(line) for line in Path(report["meta"]["traces"]).read_text().splitlines()]
+    assert len(traces) == report["meta"]["questions"] == 2
+    answered = [t for t in traces if isinstance(t.get("answer"), str)]
+    for trace in traces:  # answered, or failed at a named stage (a truncated JSON reply, say)
+        assert trace in answered or str(trace.get("error")).split(":")[0] in {
+            "extract", "index", "plan", "retrieve", "answer"}  # fmt: skip
+        assert "beam_official" in trace["scores"]
+    stages = {"eval/extract"} | ({"eval/plan", "eval/answer"} if answered else set())
+    assert set(usage["task"]["stages"]) >= stages
+    assert usage["judge"]["stages"].get("beam/rubric", 0) > 0  # empty answers are judged too
     for role in ("task", "judge"):
         assert usage[role]["cached_calls"] == 0
         assert usage[role]["prompt_tokens"] > 0 and usage[role]["completion_tokens"] > 0
-    traces = [json.loads(line) for line in Path(report["meta"]["traces"]).read_text().splitlines()]
-    assert len(traces) == report["meta"]["questions"] == 2
-    for trace in traces:  # answered and judged, or failed at a named stage
-        assert isinstance(trace.get("answer"), str) or str(trace.get("error")).split(":")[0] in {
-            "extract", "index", "plan", "retrieve", "answer"}  # fmt: skip
-        assert "beam_official" in trace["scores"]
     logged = calls(cache / "llm-calls.sqlite")
     assert {r["role"] for r in logged} == {"task", "judge"}
     assert sum(r["completion_tokens"] for r in logged) == sum(
@@ -218,7 +223,7 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     began = time.monotonic()
     done = evolve("run", "--model", MODEL, "--api-base", server,
                   "--rounds", "1,1,0", "--conversations", "1", "--repairs", "1",
-                  "--coder-max-tokens", "256", "--task-max-tokens", "384",
+                  "--coder-max-tokens", str(REPLY_TOKENS), "--task-max-tokens", str(REPLY_TOKENS),
                   "--data-dir", str(shared["all"]), "--cache-dir", str(shared["cache"]),
                   "--runs-dir", str(runs), "--no-progress", cwd=tmp_path)  # fmt: skip
     wall = time.monotonic() - began

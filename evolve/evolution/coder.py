@@ -252,18 +252,18 @@ def render_request(
     )
     if request.stage == "integration" and specialist is None:
         task = STAGE_TASKS["cold_start"]  # nobody to merge with yet
+    # What stays the same while the parent does comes first (program, its scores), what each
+    # round changes last (task, cases, history): a provider's prompt cache, or a local server's
+    # prefix reuse, then covers most of every later request about the same parent.
     parts = [
-        f"## Task\n{task}",
+        _source("Current program", request.parent),
         f"## Scores of the current program on the train split\n"
         f"{_score_table(request.parent.scores, 'train')}",
     ]
     if request.diagnostics:
         parts.append(_diagnostics(request.diagnostics))
-    if request.cases:
-        cases = "\n\n".join(_case(i, c) for i, c in enumerate(request.cases, 1))
-        parts.append(f"## Failing train cases\n{cases}")
-    parts.append(f"## Earlier revisions in this run\n{_history(request)}")
     if specialist is not None:
+        parts.append(_source(f"Specialist for {target}", specialist))
         parts.append(f"## Specialist scores (train)\n{_score_table(specialist.scores, 'train')}")
         if request.ancestor is not None:
             parts.append(
@@ -274,8 +274,11 @@ def render_request(
         if request.differential:
             cases = "\n\n".join(_differential(i, c) for i, c in enumerate(request.differential, 1))
             parts.append(f"## Paired cases: where one program beats the other (train)\n{cases}")
-        parts.append(_source(f"Specialist for {target}", specialist))
-    parts.append(_source("Current program", request.parent))
+    parts.append(f"## Task\n{task}")
+    if request.cases:
+        cases = "\n\n".join(_case(i, c) for i, c in enumerate(request.cases, 1))
+        parts.append(f"## Failing train cases\n{cases}")
+    parts.append(f"## Earlier revisions in this run\n{_history(request)}")
     if diagnosis:
         parts.append(f"## Your diagnosis\n{diagnosis}")
     parts.append(REPLY_FORMAT if diagnosis is not None or not ask_diagnosis else DIAGNOSE)
@@ -369,7 +372,7 @@ class CoderProposer:
             diagnosis = self.llm.complete(
                 "coder", f"{request.stage}/diagnose",
                 [{"role": "system", "content": system_prompt()}, {"role": "user", "content": ask}],
-                max_tokens=DIAGNOSIS_TOKENS,
+                max_tokens=self._diagnosis_tokens(),
             ).text.strip()  # fmt: skip
         messages: list[Message] = [
             {"role": "system", "content": system_prompt()},
@@ -377,6 +380,11 @@ class CoderProposer:
         ]
         base = Proposal(None, "", parents)
         return self._ask(request, base, messages, "propose")
+
+    def _diagnosis_tokens(self) -> int:
+        """A diagnosis is short, and never longer than the coder's reply limit."""
+        config = self.llm.models.coder
+        return min(DIAGNOSIS_TOKENS, config.max_tokens) if config else DIAGNOSIS_TOKENS
 
     def repair(self, request: Request, failed: Proposal, error: str) -> Proposal | None:
         base = _base(request, failed)

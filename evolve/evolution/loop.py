@@ -42,6 +42,7 @@ from typing import Any
 
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
+from evolve.distributed import Backend, make_backend
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
@@ -73,6 +74,8 @@ class RunConfig:
         default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
     )
     jobs: int = 2
+    backend: str = "local"  # or "ray" (evolve.distributed)
+    ray_address: str | None = None  # None: a local Ray instance
     rng_seed: int = 0
     embedder: str = "minilm"
     conversations: int | None = None  # only the first N conversations of each split (quick runs)
@@ -172,6 +175,7 @@ class Evolution:
         self.proposer: Proposer = (
             CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
         )
+        self._backend: Backend | None = None  # started on the first evaluation
         self.judge = None
         if config.judge_model is not None:
             self.judge = LLMClient(
@@ -196,6 +200,14 @@ class Evolution:
                 cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
             )
         self.annotator = annotator
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = make_backend(
+                self.config.backend, self.config.jobs, self.config.ray_address
+            )
+        return self._backend
 
     def tasks(self, split: str) -> TaskSet:
         if split not in self._tasks:
@@ -398,8 +410,8 @@ class Evolution:
                 # stage diagnostics steer cold start: computed for the seed and its revisions
                 diagnose = split == "train" and candidate.stage in ("seed", "cold_start")
                 worker = dataclasses.replace(self.worker, diagnose=diagnose)
-                result = evaluate(path, self.tasks(split), worker, jobs=self.config.jobs,
-                                  judge=self.judge)  # fmt: skip
+                result = evaluate(path, self.tasks(split), worker, judge=self.judge,
+                                  backend=self.backend)  # fmt: skip
                 scores[split] = {
                     "overall": result.scores["overall"],
                     "by_capability": result.scores["by_capability"],
@@ -408,6 +420,7 @@ class Evolution:
                     "questions": question_fitness(result.traces),
                     "question_capabilities": {t["id"]: t["capability"] for t in result.traces},
                     "diagnostics": result.scores.get("diagnostics"),
+                    "stages": result.stages,  # computed / reused per cached stage
                 }
                 usage[split] = result.usage
                 seconds += result.meta["seconds"]

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.beam import data_files, split_refs
+from evolve.distributed import make_backend
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import calls_path
 from evolve.evolution.loop import RunConfig, task_set
@@ -130,8 +131,8 @@ def freeze(
                 candidate_path(store, meta),
                 tasks,
                 worker,
-                jobs=jobs or config.jobs,
                 on_progress=advance,
+                backend=make_backend(config.backend, jobs or config.jobs, config.ray_address),
             )
         except EvalError as exc:
             raise ShipError(str(exc)) from None

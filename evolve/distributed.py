@@ -1,0 +1,88 @@
+"""Where evaluation jobs run: the local loky pool (default) or a Ray cluster (``--backend ray``).
+
+Owns :data:`BACKENDS`, :class:`Backend` and :func:`make_backend`. The executor submits one job
+per conversation (:func:`evolve.worker.run_conversation`) to a backend's ``executor`` and reads
+``concurrent.futures.Future`` results; nothing else about a job depends on where it runs.
+
+Invariants:
+
+- ``local`` is joblib's reusable loky pool, shared between evaluations of one process so the
+  embedding model loads once per worker; torch gets an equal share of the cores in each worker.
+- ``ray`` submits each job as one Ray task (``num_cpus=1``) and wraps its ObjectRef as a future.
+  It connects to ``address`` (``auto``, ``ray://host:10001``, ...) or, without one, starts a
+  local Ray instance on loopback; it never shuts down a cluster it did not start. Workers must
+  import this package (install it on every node) and share the cache directory (a path every
+  node can read and write, e.g. NFS): stage outputs, embeddings and LLM responses meet there,
+  which is what makes a Ray evaluation equal to a local one.
+- Per-question progress needs a queue the worker can reach: a local backend passes one, a Ray
+  backend does not (``live_progress`` is False) and progress advances per finished
+  conversation instead.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+BACKENDS = ("local", "ray")
+
+
+class JobExecutor(Protocol):
+    """What the executor needs from a pool: ``submit(fn, *args)`` returning a future."""
+
+    def submit(self, fn: Any, /, *args: Any) -> Future[Any]: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    executor: JobExecutor
+    live_progress: bool  # workers can report each question as it finishes
+
+
+def make_backend(name: str, jobs: int, address: str | None = None) -> Backend:
+    """The backend ``name`` with ``jobs`` concurrent workers (Ray: tasks in flight are limited
+    by the cluster's CPUs, not by ``jobs``)."""
+    if name == "local":
+        return Backend("local", _loky(jobs), live_progress=True)
+    if name == "ray":
+        return Backend("ray", RayExecutor(address), live_progress=False)
+    raise ValueError(f"unknown backend {name!r}; backends are {', '.join(BACKENDS)}")
+
+
+def _loky(jobs: int) -> JobExecutor:
+    from joblib.externals.loky import get_reusable_executor
+
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    executor: JobExecutor = get_reusable_executor(max_workers=max(1, jobs), timeout=300, env=env)
+    return executor
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+class RayExecutor:
+    """Each ``submit`` is one Ray task; its result arrives through a standard future."""
+
+    def __init__(self, address: str | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError(
+                "--backend ray needs Ray: pip install -e '.[ray]' (on every node)"
+            ) from None
+        if not ray.is_initialized():
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if address:
+                ray.init(address=address, **options)
+            else:  # a private local instance, reachable on loopback only
+                ray.init(_node_ip_address="127.0.0.1", **options)
+        self._task = ray.remote(num_cpus=1, max_retries=0)(_call)
+
+    def submit(self, fn: Any, /, *args: Any) -> Future[Any]:
+        future: Future[Any] = self._task.remote(fn, *args).future()
+        return future
