@@ -242,8 +242,10 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout)
     assert summary["stage"] == "finished"
-    assert summary["spend"]["total"]["tokens"] == sum(
-        r["prompt_tokens"] + r["completion_tokens"] for r in rows
+    total = summary["spend"]["total"]  # tokens spent; a cache hit's tokens are counted apart
+    assert total["tokens"] == sum(r["prompt_tokens"] + r["completion_tokens"] for r in fresh)
+    assert total["cached_tokens"] == sum(
+        r["prompt_tokens"] + r["completion_tokens"] for r in rows if r["cached"]
     )
 
     # Each round ends in exactly one way: a candidate (evaluated, or rejected with the sandbox
