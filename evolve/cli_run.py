@@ -25,6 +25,7 @@ from evolve.cli import (
     err,
     out,
 )
+from evolve.cli import task_config as cli_task_config  # `task_config` names a local below
 
 
 def add_command(sub: Any) -> None:
@@ -114,9 +115,8 @@ def _run_config(args: argparse.Namespace) -> Any:
         value = getattr(args, flag)
         if value is not None and not value >= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be a non-negative number")
-    for flag in ("coder_max_tokens", "task_max_tokens"):
-        if (getattr(args, flag) or 1) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
+    if (args.coder_max_tokens or 1) < 1:
+        raise UsageError("--coder-max-tokens must be at least 1")
     try:
         counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
     except ValueError:
@@ -136,7 +136,8 @@ def _run_config(args: argparse.Namespace) -> Any:
         if args.rounds:
             caps["rounds"] = rounds
         return dataclasses.replace(config, **caps)
-    task = _model(args.model, args.api_base, max_tokens=args.task_max_tokens)
+    task_config = cli_task_config(args)
+    task = task_config.model_dump() if task_config else None
     from evolve.evolution.coder import MAX_TOKENS
 
     coder_id = args.model if args.coder is None else args.coder
