@@ -1,4 +1,4 @@
-"""Benchmark: indexing against raw encoding, retrieval latency up to 10M tokens, sandbox time.
+"""Benchmark: indexing against raw encoding, and retrieval latency up to 10M tokens.
 
 A measurement script, not a test. It prints, in one run, each figure beside its named baseline:
 
@@ -9,11 +9,14 @@ A measurement script, not a test. It prints, in one run, each figure beside its 
    a synthetic 10M-token history (the sessions of the BEAM-1M conversations on disk, in order,
    until 10M tokens at 4 characters per token), each question asked twice: with a cold query
    embedding (a nonce makes it a cache miss) and with a cached one. Indexing here reads the
-   shared embedding cache (``--cache-dir``), so the 10M memory builds in minutes, not hours.
-3. **Sandbox time per candidate**: ``check_program`` (all four tiers) on each shipped seed.
+   shared embedding cache (``--cache-dir``): the first run encodes every unit once, later runs
+   build the 10M memory from cached vectors.
 
-Programs run in process with a trusted seed (no sandbox host), so latency is the program's own
-plus the embedder's. Usage: ``python bench/scale.py --data-dir ../shared/data``.
+Sandbox time per candidate is measured in a whole run, beside each candidate's evaluation
+time, by ``bench/run_reuse.py``. Programs run in process with a trusted seed (no sandbox
+host), so latency is the program's own plus the embedder's.
+
+    python bench/scale.py --data-dir ../shared/data
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
 from evolve.models.embed import Embedder
 from evolve.program import load_program, offline_units
-from sandbox.check import check_program
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS_PER_TOKEN = 4
@@ -117,14 +119,6 @@ def synthetic(data_dir: Path, tokens: int) -> tuple[Conversation, list[Question]
     return Conversation("synthetic-10M", tuple(sessions), {}), questions
 
 
-def sandbox_time() -> None:
-    for seed in sorted((ROOT / "seeds").glob("*.py")):
-        start = time.perf_counter()
-        report = check_program(seed.read_text(), str(seed))
-        took = time.perf_counter() - start
-        print(f"sandbox check {seed.name}: {took:.1f} s, passed={report.passed}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
@@ -141,7 +135,6 @@ def main() -> None:
         latency(f"BEAM-{size} {conv}", conversation, questions, shared)
     conversation, questions = synthetic(data, args.tokens)
     latency(f"synthetic {args.tokens:,} tokens", conversation, questions, shared)
-    sandbox_time()
 
 
 if __name__ == "__main__":

@@ -74,6 +74,12 @@ def add_command(sub: Any) -> None:
         default=None,
         help="use only the first N conversations of train and valid (quick runs)",
     )
+    run.add_argument(
+        "--no-reuse",
+        action="store_true",
+        help="recompute every stage and task-model reply in every evaluation (the baseline "
+        "stage reuse is measured against; bench/run_reuse.py)",
+    )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     ablations = run.add_argument_group("ablations (design §4)")
     ablations.add_argument(
@@ -152,7 +158,8 @@ def _run_config(args: argparse.Namespace) -> Any:
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
         coder_model=coder, judge_model=_model(args.judge, args.api_base, max_tokens=256),
-        holistic=args.holistic, selection=args.selection, cases=args.cases, **caps,
+        holistic=args.holistic, selection=args.selection, cases=args.cases,
+        reuse=not args.no_reuse, **caps,
     )  # fmt: skip
 
 

@@ -272,19 +272,33 @@ def load_state(cls: Any, data: bytes, program_namespace: dict[str, Any], backend
 
 
 class StageStore:
-    """Stage outputs on disk: JSON for records and texts, bytes for memory state."""
+    """Stage outputs on disk: JSON for records and texts, bytes for memory state.
 
-    def __init__(self, root: Path) -> None:
+    With ``reuse=False`` the store still writes every output (so trusted-side readers such as
+    compact cases find them) but reads back only what this instance wrote: nothing computed by
+    another evaluation is reused (``evolve run --no-reuse``, the baseline reuse is measured by).
+    """
+
+    def __init__(self, root: Path, *, reuse: bool = True) -> None:
         self.root = Path(root)
+        self._own: set[Path] | None = None if reuse else set()
 
     def _path(self, stage: str, key: str, suffix: str) -> Path:
         return self.root / stage / key[:2] / f"{key}{suffix}"
 
+    def _readable(self, path: Path) -> bool:
+        return self._own is None or path in self._own
+
     def has(self, stage: str, key: str) -> bool:
-        return any(self._path(stage, key, suffix).exists() for suffix in (".json", ".bin"))
+        return any(
+            self._readable(path) and path.exists()
+            for path in (self._path(stage, key, suffix) for suffix in (".json", ".bin"))
+        )
 
     def get_json(self, stage: str, key: str) -> Any | None:
         path = self._path(stage, key, ".json")
+        if not self._readable(path):
+            return None
         try:
             return json.loads(path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -294,16 +308,20 @@ class StageStore:
         self._write(self._path(stage, key, ".json"), json.dumps(value).encode())
 
     def get_bytes(self, stage: str, key: str) -> bytes | None:
+        path = self._path(stage, key, ".bin")
+        if not self._readable(path):
+            return None
         try:
-            return self._path(stage, key, ".bin").read_bytes()
+            return path.read_bytes()
         except FileNotFoundError:
             return None
 
     def put_bytes(self, stage: str, key: str, value: bytes) -> None:
         self._write(self._path(stage, key, ".bin"), value)
 
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
+    def _write(self, path: Path, data: bytes) -> None:
+        if self._own is not None:
+            self._own.add(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:

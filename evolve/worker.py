@@ -19,6 +19,9 @@ Invariants:
 - Offline mode (no task model) uses the stand-ins of :mod:`evolve.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~evolve.program.OUT_CHAR_BUDGET`; the trace says when.
+- ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the stage outputs
+  it computed itself, and task LLM calls skip the response cache; the baseline that
+  ``bench/run_reuse.py`` measures stage reuse against.
 - Scoring is not done here: the parent scores what the worker returns.
 """
 
@@ -63,6 +66,7 @@ class WorkerConfig:
     step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
+    reuse: bool = True  # False: no stage output or task reply of another evaluation is reused
     # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through
     # ScriptedLLM instead of litellm. Never set from the command line.
     script: Callable[..., str] | None = None
@@ -107,7 +111,7 @@ def make_llm(config: WorkerConfig) -> LLMClient | None:
         return None
     root = Path(config.cache_dir)
     log = Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
-    cache = root / "llm-cache.sqlite"
+    cache = root / "llm-cache.sqlite" if config.reuse else None
     models = Models(task=config.task_model)
     if config.script is not None:
         return ScriptedLLM(config.script, models, log_path=log, cache_path=cache)
@@ -165,7 +169,7 @@ class _Run:
         self.path = path
         self.config = config
         self.conv = conv
-        self.store = StageStore(Path(config.cache_dir) / "stages")
+        self.store = StageStore(Path(config.cache_dir) / "stages", reuse=config.reuse)
         self.keys = StageKeys(fingerprints(source), config.model_sig, config.embedder)
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from evolve.cli import main
+from evolve.datasets.slices import write_slice
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = str(ROOT / "seeds" / "dense.py")
@@ -85,6 +86,30 @@ def test_eval_other_benchmarks_share_the_json_layout(
     assert (
         report["meta"]["judge"]["judge"] is None and "no judge" in report["meta"]["judge"]["note"]
     )
+
+
+def test_run_no_reuse_recomputes_every_stage(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    from evolve.evolution.store import RunStore
+
+    data = write_slice(data_dir, tmp_path / "data", messages=12)
+    runs = tmp_path / "runs"
+    code, _, err = run_cli(capsys, "run", "--data-dir", str(data), "--runs-dir", str(runs),
+                           "--cache-dir", str(tmp_path / "c"), "--embedder", "hashing",
+                           "--rounds", "0,2,0", "--conversations", "1", "--jobs", "1",
+                           "--no-progress", "--no-reuse")  # fmt: skip
+    assert code == 0, err
+    (run,) = runs.iterdir()
+    store = RunStore.open(runs, run.name)
+    assert store.manifest["config"]["reuse"] is False
+    evaluated = [c for c in store.candidates() if c.status == "evaluated"]
+    assert len(evaluated) == 3
+    for c in evaluated:
+        for split in ("train", "valid"):
+            stages = c.scores[split]["stages"]
+            assert all(counts["reused"] == 0 for counts in stages.values()), (c.id, stages)
+            assert stages["extract"]["computed"] > 0 and stages["index"]["computed"] == 1
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import write_beam_slice
 
 from evolve.datasets.beam import load_taskset
+from evolve.datasets.slices import write_slice
 from evolve.distributed import RayExecutor, make_backend
 from evolve.executor import evaluate
 from evolve.worker import WorkerConfig
@@ -40,7 +40,7 @@ def comparable(report: Any) -> list[dict[str, Any]]:
 def test_ray_backend_matches_local(
     local_ray: None, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = write_beam_slice(data_dir, tmp_path / "data", messages=30, chars=600,
+    data = write_slice(data_dir, tmp_path / "data", messages=30, chars=600,
                             refs=[("100K", "1"), ("100K", "3"), ("100K", "4")])  # fmt: skip
     tasks = load_taskset(data, "all")
     program = SEEDS / "hybrid.py"

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_beam_slice
 
 from evolve.cli import main
+from evolve.datasets.slices import write_slice
 from evolve.evolution.archive import fitness
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
@@ -137,7 +137,7 @@ def _wait_for_candidates(run: Path, n: int, proc: subprocess.Popen[bytes]) -> bo
 def test_reference_programs_seed_a_run(seed: str, data_dir: Path, tmp_path: Path):
     """PRISM and AriadneMem start an offline run: the seed is evaluated and a cold-start child,
     made from the seed's own tunable constants, passes the sandbox and is evaluated too."""
-    data = write_beam_slice(data_dir, tmp_path / "data", messages=12, chars=400)
+    data = write_slice(data_dir, tmp_path / "data", messages=12, chars=400)
     cfg = config(data, tmp_path / "cache", seed_program=str(ROOT / "seeds" / f"{seed}.py"),
                  rounds={"cold_start": 1, "refinement": 0, "integration": 0})  # fmt: skip
     store = RunStore.create(tmp_path, {"config": cfg.as_json()}, run_id=seed)

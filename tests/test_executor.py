@@ -108,6 +108,24 @@ def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSe
     assert stages["eval/answer"] == len(tasks.questions)
 
 
+def test_reuse_off_recomputes_every_stage_and_task_call(tasks: TaskSet, tmp_path: Path):
+    """``reuse=False`` (``evolve run --no-reuse``): the same retrieval-only child recomputes
+    extraction, indexing and planning and pays for every task call again, with equal results."""
+    cache = tmp_path / "cache"
+    online = {"task_model": ModelConfig(model="scripted"), "script": task_script}
+    base = run(variant(tmp_path, "base", "TOP_K = 200", "TOP_K = 200"), tasks, cache, **online)
+    path = variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3")
+    child = run(path, tasks, cache, reuse=False, **online)
+    assert child["stages"]["extract"] == base["stages"]["extract"]
+    for stage in ("extract", "index", "plan", "retrieve", "answer"):
+        assert child["stages"][stage]["reused"] == 0
+    assert child["usage"]["task"]["stages"] == base["usage"]["task"]["stages"]
+    assert child["usage"]["task"]["calls"] == base["usage"]["task"]["calls"] > 0
+    reused = run(path, tasks, cache, **online)
+    assert reused["stages"]["retrieve"]["reused"] == len(tasks.questions)  # stored all the same
+    assert [t["retrieved"] for t in child["traces"]] == [t["retrieved"] for t in reused["traces"]]
+
+
 def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path: Path):
     cache = tmp_path / "cache"
     # Fails on BEAM data only (its user messages carry "->->" markers), so it passes the sandbox.

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import write_beam_slice
 from tenacity import wait_none
 
+from evolve.datasets.slices import write_slice
 from evolve.models.llm import JSONReplyError, LLMClient, LLMError, ModelConfig, Models
 
 pytestmark = pytest.mark.real_llm
@@ -103,8 +103,8 @@ def shared(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     first train conversation is the one ``evolve eval`` already answered, so it is reused."""
     root = tmp_path_factory.mktemp("shared")
     return {
-        "one": write_beam_slice(data_dir, root / "one", refs=[("100K", "1")], **SLICE),
-        "all": write_beam_slice(data_dir, root / "all", **SLICE),
+        "one": write_slice(data_dir, root / "one", refs=[("100K", "1")], **SLICE),
+        "all": write_slice(data_dir, root / "all", **SLICE),
         "cache": root / "cache",
     }
 

@@ -84,6 +84,7 @@ class RunConfig:
     judge_model: dict[str, Any] | None = None  # scores answers by the benchmark's protocol
     max_usd: float | None = None
     max_tokens: int | None = None
+    reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
     repairs: int = REPAIRS  # repair attempts after a proposal that fails to apply or the sandbox
     # ablations (design §4): no capabilities; how refinement picks its target; which cases
     holistic: bool = False
@@ -181,12 +182,13 @@ class Evolution:
             self.judge = LLMClient(
                 Models(judge=ModelConfig(**config.judge_model)),
                 log_path=calls_path(store.root),
-                cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
+                cache_path=Path(config.cache_dir) / "llm-cache.sqlite" if config.reuse else None,
             )
         task = ModelConfig(**config.task_model) if config.task_model else None
         self.worker = WorkerConfig(
             cache_dir=config.cache_dir, task_model=task, embedder=config.embedder,
             stage_label="evolve", script=task_script, calls_log=str(calls_path(store.root)),
+            reuse=config.reuse,
         )  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
         self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
