@@ -19,7 +19,10 @@ from evolve.evolution.compact import (
     TRAIL,
     Target,
     _added,
+    _greedy,
+    _inside,
     _render,
+    _within,
     best_unit,
     case_targets,
     compact_case,
@@ -149,6 +152,43 @@ def test_budget_never_exceeded_and_order_kept() -> None:
             out = excerpt(text, targets, embedder, budget)
             assert 0 < len(out) <= budget
             assert_in_order(out, text)
+
+
+def test_greedy_updates_costs_as_if_recomputed_each_pick() -> None:
+    """Only the spans between a pick's neighbours are re-measured; the picks equal those of
+    re-measuring every span at every pick (ties included)."""
+    rng = random.Random(7)
+    for trial in range(12):
+        text = "\n".join(session(rng, k, rng.randint(3, 9)) for k in range(1, 4))
+        spans = split_spans(text, 1200)
+        score = np.round(np.random.default_rng(trial).random((len(spans), 3)), 1)
+        weights = np.array([1.0, 0.5, 0.25])
+        for per_char in (True, False):
+            chosen: list[int] = []
+            cover, used = np.zeros(3), 0
+            while True:  # the definition: every span's added characters measured afresh
+                gains = np.maximum(score - cover, 0.0) @ weights
+                pick = None
+                for i in (i for i in range(len(spans)) if i not in chosen):
+                    cost = _added(text, spans, chosen, i)
+                    key = gains[i] / max(cost, 1) if per_char else gains[i]
+                    if used + cost <= 1200 and (pick is None or key > pick[0]):
+                        pick = (key, i, cost)
+                if pick is None:
+                    break
+                chosen, used = sorted([*chosen, pick[1]]), used + pick[2]
+                cover = np.maximum(cover, score[pick[1]])
+            assert _greedy(text, spans, score, weights, 1200, per_char) == (
+                float(cover @ weights), chosen)  # fmt: skip
+
+
+def test_fence_lookups_match_a_scan() -> None:
+    fences = [(3, 9), (12, 13), (20, 40)]
+    for pos in range(45):
+        assert _inside(pos, fences) == any(a < pos < b for a, b in fences)
+        for end in range(pos + 1, 45):
+            assert _within(pos, end, fences) == any(a <= pos and end <= b for a, b in fences)
+    assert not _inside(5, []) and not _within(5, 6, [])
 
 
 def test_headers_repeated_after_an_omission() -> None:

@@ -45,7 +45,7 @@ embedding vectors only (ties broken by position), so it is deterministic.
 from __future__ import annotations
 
 import re
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -126,7 +126,15 @@ def _strip(text: str, s: int, e: int) -> tuple[int, int]:
 
 
 def _inside(pos: int, fences: list[tuple[int, int]]) -> bool:
-    return any(a < pos < b for a, b in fences)
+    """Whether ``pos`` lies strictly inside a fence (``fences``: sorted, disjoint)."""
+    i = bisect_left(fences, (pos,)) - 1  # the last fence that starts before pos
+    return i >= 0 and pos < fences[i][1]
+
+
+def _within(s: int, e: int, fences: list[tuple[int, int]]) -> bool:
+    """Whether ``[s, e)`` lies within one fence (``fences``: sorted, disjoint)."""
+    i = bisect_right(fences, (s, float("inf"))) - 1  # the last fence that starts at or before s
+    return i >= 0 and e <= fences[i][1]
 
 
 def _hard_cut(text: str, s: int, e: int, size: int) -> list[tuple[int, int]]:
@@ -147,7 +155,7 @@ def _pieces(
     s, e = _strip(text, s, e)
     if s >= e:
         return []
-    fenced = any(a <= s and e <= b for a, b in fences)  # the piece is (part of) a code block
+    fenced = _within(s, e, fences)  # the piece is (part of) a code block
     if e - s <= size or (fenced and e - s <= most):
         return [(s, e)]
     if level == len(_CUTS):
@@ -291,26 +299,34 @@ def _greedy(
     per_char: bool,
 ) -> tuple[float, list[int]]:
     """Spans added by largest gain (per added character when ``per_char``; ties: the earlier
-    span) until none fits in ``budget``; returns the objective reached and the spans' indices."""
+    span) until none fits in ``budget``; returns the objective reached and the spans' indices.
+
+    A span's added characters depend only on its chosen neighbours, so after each pick only
+    the spans between the pick's own neighbours are re-measured (linear, not quadratic, in
+    the number of spans per pick)."""
+    n = len(spans)
     cover = np.zeros(score.shape[1])
+    costs = np.array([_added(text, spans, [], i) for i in range(n)], dtype=np.float64)
+    free = np.ones(n, dtype=bool)
     chosen: list[int] = []
     used = 0
     while True:
         gains = np.maximum(score - cover, 0.0) @ weights
-        best, best_key, best_cost = -1, -1.0, 0
-        for i in range(len(spans)):
-            at = bisect_left(chosen, i)
-            if at < len(chosen) and chosen[at] == i:
-                continue
-            cost = _added(text, spans, chosen, i)
-            key = gains[i] / max(cost, 1) if per_char else gains[i]
-            if used + cost <= budget and key > best_key:
-                best, best_key, best_cost = i, key, cost
-        if best < 0:
+        keys = gains / np.maximum(costs, 1.0) if per_char else gains
+        fits = free & (used + costs <= budget)
+        if not fits.any():
             return float(cover @ weights), chosen
+        best = int(np.flatnonzero(fits)[np.argmax(keys[fits])])  # the first of equal keys
+        at = bisect_left(chosen, best)
+        lo = chosen[at - 1] + 1 if at > 0 else 0
+        hi = chosen[at] if at < len(chosen) else n
         insort(chosen, best)
-        used += best_cost
+        used += int(costs[best])
+        free[best] = False
         cover = np.maximum(cover, score[best])
+        for i in range(lo, hi):
+            if free[i]:
+                costs[i] = _added(text, spans, chosen, i)
 
 
 def _select(
