@@ -56,21 +56,21 @@ def run_once(label: str, data: Path, work: Path, extra: list[str], embeddings: P
         raise SystemExit(f"{label}: evolve run failed ({done.returncode}): {done.stderr.strip()}")
     (run_id,) = [p.name for p in runs.iterdir() if p.is_dir()]
     store = RunStore.open(runs, run_id)
-    data_ = report_data(store)
+    report = report_data(store)
     candidates = [c for c in store.candidates() if c.status == "evaluated"]
     sandbox = [sum(t["seconds"] for t in (c.sandbox or {}).get("tiers", [])) for c in candidates]
     children = [c.seconds for c in candidates if c.stage != "seed"]
     return {
         "label": label,
         "wall": wall,
-        "spend": data_["spend"],
-        "cache": data_["cache"],
+        "spend": report["spend"],
+        "cache": report["cache"],
         "evaluated": len(candidates),
-        "candidates": len(data_["matrix"]),
+        "candidates": len(report["matrix"]),
         "sandbox_s": statistics.mean(sandbox) if sandbox else 0.0,
         "seed_s": sum(c.seconds for c in candidates if c.stage == "seed"),
         "child_s": statistics.mean(children) if children else 0.0,
-        "best": data_["best"],
+        "best": report["best"],
     }
 
 

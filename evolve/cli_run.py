@@ -24,8 +24,8 @@ from evolve.cli import (
     default_cache_dir,
     err,
     out,
+    task_config,
 )
-from evolve.cli import task_config as cli_task_config  # `task_config` names a local below
 
 
 def add_command(sub: Any) -> None:
@@ -142,8 +142,8 @@ def _run_config(args: argparse.Namespace) -> Any:
         if args.rounds:
             caps["rounds"] = rounds
         return dataclasses.replace(config, **caps)
-    task_config = cli_task_config(args)
-    task = task_config.model_dump() if task_config else None
+    task_model = task_config(args)
+    task = task_model.model_dump() if task_model else None
     from evolve.evolution.coder import MAX_TOKENS
 
     coder_id = args.model if args.coder is None else args.coder

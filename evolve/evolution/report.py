@@ -28,9 +28,9 @@ from evolve.evolution.archive import archive
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import local_time, split_fitness
+from evolve.stagecache import COMPONENTS
 
 TEMPLATE = "report.html.j2"  # beside this module
-CACHED_STAGES = ("extract", "index", "plan", "retrieve", "answer")
 COLOURS = {"F": "#1f77b4", "T": "#ff7f0e", "P": "#2ca02c", "M": "#d62728", "A": "#9467bd"}
 
 
@@ -107,7 +107,7 @@ def _progress(candidates: list[CandidateMeta]) -> dict[str, list[tuple[int, floa
 def _cache_rates(candidates: list[CandidateMeta]) -> dict[str, dict[str, Any]]:
     """Per cached stage: computed and reused counts over every evaluation, and the hit rate
     (all None for a run that kept no counts)."""
-    totals = {s: {"computed": 0, "reused": 0} for s in CACHED_STAGES}
+    totals = {s: {"computed": 0, "reused": 0} for s in COMPONENTS}
     recorded = False
     for c in candidates:
         for block in c.scores.values():

@@ -199,8 +199,8 @@ class HashingEmbedder(Embedder):
     hashed (blake2b, so stable across processes) into ``dim`` signed buckets, then the row is
     L2-normalised; a text without tokens stays the zero vector. A word's buckets are hashed once
     per process (an LRU cache), so encoding is one vectorised add per text. It never loads a
-    model. It is
-    for tests and explicit offline smoke runs only: callers must select it by name and say so.
+    model. It is for tests and explicit offline smoke runs only: callers must select it by name
+    and say so.
     """
 
     def __init__(self, dim: int = 384, cache_path: str | Path | None = None) -> None:
