@@ -195,11 +195,17 @@ def import_time_nodes(node: ast.AST, annotations: bool = True) -> Iterator[ast.A
             todo += [*getattr(current, "decorator_list", ()), *args.defaults]
             todo += [d for d in args.kw_defaults if d is not None]
             if annotations and not isinstance(current, ast.Lambda):
-                params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-                todo += [p.annotation for p in params if p is not None and p.annotation]
-                todo += [current.returns] if current.returns else []
+                todo += def_annotations(current)
         else:
             todo.extend(ast.iter_child_nodes(current))
+
+
+def def_annotations(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
+    """A function's parameter and return annotations."""
+    args = fn.args
+    params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    out = [p.annotation for p in params if p is not None and p.annotation is not None]
+    return out + ([fn.returns] if fn.returns else [])
 
 
 def _import_time_mutations(tree: ast.Module) -> list[Finding]:
@@ -214,7 +220,7 @@ def _import_time_mutations(tree: ast.Module) -> list[Finding]:
         if isinstance(node, _STORES):
             targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
             for target in (t for t in targets if isinstance(t, ast.Attribute | ast.Subscript)):
-                root = _root(target)
+                root = root_of(target)
                 what = f"'{root.id}'" if isinstance(root, ast.Name) else "an object"
                 problem = f"module-level assignment to an attribute or item of {what}"
                 out.append(Finding("import-time-mutation", _say(problem, node.lineno,
@@ -222,7 +228,7 @@ def _import_time_mutations(tree: ast.Module) -> list[Finding]:
         called = [node.func] if isinstance(node, ast.Call) else []  # decorators are called too
         called += getattr(node, "decorator_list", [])
         for func in (f for f in called if isinstance(f, ast.Attribute)):
-            root = _root(func)
+            root = root_of(func)
             if isinstance(root, ast.Name) and root.id in own:
                 problem = f"module-level call of a method of '{root.id}' ('{func.attr}')"
                 out.append(Finding("import-time-call", _say(problem, func.lineno, _MUTATION_FIX),
@@ -230,7 +236,7 @@ def _import_time_mutations(tree: ast.Module) -> list[Finding]:
     return out
 
 
-def _root(node: ast.expr) -> ast.expr:
+def root_of(node: ast.expr) -> ast.expr:
     """The object an attribute or item chain starts from (``a`` in ``a.b[0].c``)."""
     while isinstance(node, ast.Attribute | ast.Subscript):
         node = node.value
@@ -427,7 +433,7 @@ class _Checker:
     def _Attribute(self, node: ast.Attribute) -> None:
         receiver = node.value.id if isinstance(node.value, ast.Name) else None
         if isinstance(node.ctx, ast.Store | ast.Del):
-            root = _root(node)
+            root = root_of(node)
             if isinstance(root, ast.Name) and root.id in self.import_bound:
                 fix = "imported modules and names are shared with the evaluator; leave them alone"
                 self._add("module-mutation", node, f"assignment to '{root.id}.{node.attr}'", fix)
