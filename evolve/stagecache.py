@@ -15,8 +15,8 @@ Owns three things (design §2):
    (``Memory.retrieve = f``) count for index and retrieve. Comments and formatting do not
    change a fingerprint; docstrings do. (Tier 1 also rejects in-place changes at import.)
 2. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
-   the model signature and a digest of the input data, so a key changes whenever anything that
-   could change the output changes.
+   the model signature, the evaluator version and a digest of the input data, so a key changes
+   whenever anything that could change the output changes.
 3. :class:`StageStore` — an on-disk store of stage outputs written atomically (tmp + rename).
    Memory state is pickled with program classes replaced by portable references and the
    backend by a placeholder; loading it rebinds them to the *current* program's classes and
@@ -276,21 +276,25 @@ class StageKeys:
     fp: dict[str, str]
     model_sig: str  # "offline" or the task model id and parameters
     embed_sig: str  # the embedder's name: index state contains its vectors
+    evaluator: str  # evolve.worker.evaluator_version(): what the evaluator adds to outputs
+
+    def _key(self, stage: str, *parts: Any) -> str:
+        return _digest(stage, self.fp[stage], self.evaluator, *parts)
 
     def extract(self, segment_digest: str) -> str:
-        return _digest("extract", self.fp["extract"], self.model_sig, segment_digest)
+        return self._key("extract", self.model_sig, segment_digest)
 
     def index(self, extract_keys: list[str]) -> str:
-        return _digest("index", self.fp["index"], self.embed_sig, extract_keys)
+        return self._key("index", self.embed_sig, extract_keys)
 
     def plan(self, question: str, question_date: str | None) -> str:
-        return _digest("plan", self.fp["plan"], self.model_sig, question, question_date)
+        return self._key("plan", self.model_sig, question, question_date)
 
     def retrieve(self, index_key: str, plan_key: str) -> str:
-        return _digest("retrieve", self.fp["retrieve"], index_key, plan_key)
+        return self._key("retrieve", index_key, plan_key)
 
     def answer(self, retrieve_key: str, question: str) -> str:
-        return _digest("answer", self.fp["answer"], self.model_sig, retrieve_key, question)
+        return self._key("answer", self.model_sig, retrieve_key, question)
 
 
 # --- the store ---------------------------------------------------------------------------

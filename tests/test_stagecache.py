@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import os
 import pickle
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evolve import worker
 from evolve.program import load_program
 from evolve.stagecache import (
     COMPONENTS,
@@ -353,8 +355,61 @@ def test_syntax_error_raises() -> None:
 # --- StageKeys ----------------------------------------------------------------------------
 
 
-def _keys(source: str = BASE, model: str = "offline", embed: str = "hashing-384") -> StageKeys:
-    return StageKeys(fingerprints(source), model, embed)
+def _keys(
+    source: str = BASE, model: str = "offline", embed: str = "hashing-384", evaluator: str = "v1"
+) -> StageKeys:
+    return StageKeys(fingerprints(source), model, embed, evaluator)
+
+
+def _every_key(keys: StageKeys) -> list[str]:
+    extract = keys.extract("seg-a")
+    index, plan = keys.index([extract]), keys.plan("Where?", None)
+    retrieve = keys.retrieve(index, plan)
+    return [extract, index, plan, retrieve, keys.answer(retrieve, "Where?")]
+
+
+def test_every_key_carries_the_evaluator_version() -> None:
+    base = _every_key(_keys())
+    assert _every_key(_keys()) == base
+    assert not set(_every_key(_keys(evaluator="v2"))) & set(base)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("EVALUATOR_VERSION", "2"),
+        ("EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
+        ("PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
+        ("ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
+        ("EXTRACT_WINDOW_CHARS", 12_000),
+        ("OUT_CHAR_BUDGET", 8_000),
+        ("TRUNCATION", "suffix"),
+    ],
+)
+def test_evaluator_version_follows_what_shapes_outputs(
+    monkeypatch: pytest.MonkeyPatch, change: tuple[str, Any]
+) -> None:
+    base = worker.evaluator_version()
+    monkeypatch.setattr(worker, *change)
+    assert worker.evaluator_version() != base
+
+
+@pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
+def test_evaluator_version_follows_library_versions(
+    monkeypatch: pytest.MonkeyPatch, library: str
+) -> None:
+    base = worker.evaluator_version()
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name)
+    )
+    assert worker.evaluator_version() != base
+
+
+def test_evaluator_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = worker.evaluator_version()
+    monkeypatch.setattr(worker.Embedder, "name", "all-MiniLM-L12-v2")
+    assert worker.evaluator_version() != base
 
 
 def test_stage_keys_extract() -> None:
