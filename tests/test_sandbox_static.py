@@ -110,6 +110,12 @@ def test_missing_definition() -> None:
         ("class X(object if True else int):\n    pass\n", "dynamic-base", 1),
         ("X = type('X', (), {})\n", "dynamic-type", 1),
         ("X = 'str'\n\ndef f(a: X):\n    pass\n", "annotation-alias", 3),
+        (
+            "def chosen(self, query):\n    return ''\n\nMemory.retrieve = chosen\n",
+            "import-time-mutation",
+            4,
+        ),
+        ("CFG = {'k': 3}\nZZ = CFG.update(k=9)\n", "import-time-call", 2),
     ],
 )
 def test_each_rule_reports_its_id_and_line(snippet: str, rule: str, line: int) -> None:
@@ -231,6 +237,20 @@ HOSTILE = [
     ),
     ("class Leak:\n    X = 'open(0)'\n    content: list[X]", "annotation-alias"),
     ("class Leak:\n    content: 'Leak.X'\nLeak.X = 'open(0)'", "annotation-alias"),
+    # import-time changes the stage fingerprints cannot attribute to a component
+    ("def chosen(self, query):\n    return ''\nMemory.retrieve = chosen", "import-time-mutation"),
+    ("CFG = {'k': 3}\nCFG['k'] = 9", "import-time-mutation"),
+    ("del Memory.index", "import-time-mutation"),
+    ("MemoryUnit.weight = 2", "import-time-mutation"),
+    ("import decimal\ndecimal.getcontext().prec = 5", "import-time-mutation"),
+    ("class K:\n    L = []\n    L[0:0] = [1]", "import-time-mutation"),
+    ("CFG = {'k': 3}\nZZ = CFG.update(k=9)", "import-time-call"),
+    ("LIST = []\nLIST.append(1)", "import-time-call"),
+    ("REG = {'a': []}\nREG['a'].append(1)", "import-time-call"),
+    ("LIST = []\ndef f(x=LIST.append(1)):\n    return x", "import-time-call"),
+    ("LIST = []\n@LIST.append\ndef f():\n    pass", "import-time-call"),
+    ("LIST = []\nclass K:\n    n = LIST.append(1)", "import-time-call"),
+    ("x = Memory.register(int)", "import-time-call"),
 ]
 
 
@@ -263,7 +283,7 @@ BENIGN = [
     "from collections import namedtuple\nP = namedtuple('P', 'a b')\np = P(1, 2)._replace(a=3)",
     "from typing import Generic, TypeVar\nT = TypeVar('T')\nclass Box(Generic[T]):\n    pass",
     "import abc\nclass Base(abc.ABC):\n    @abc.abstractmethod\n    def run(self):\n        ...",
-    "import re\nWORD = re.compile(r'\\w+')\nwords = WORD.findall('a b')",
+    "import re\nWORD = re.compile(r'\\w+')\ndef words(text):\n    return WORD.findall(text)",
     "import datetime\nd = datetime.date.fromisoformat('2024-01-02')",
     "import math\ndef f(x: float) -> float:\n    return math.exp(x)",
     "def f(x: 'MemoryUnit') -> 'list[MemoryUnit]':\n    return [x]",
@@ -274,6 +294,8 @@ BENIGN = [
     "lines = [u for u in range(3)]\ntry:\n    pass\nexcept ValueError as exc:\n    msg = str(exc)",
     "def g():\n    global TOTAL\n    TOTAL = 1\n    del TOTAL",
     "key = lambda u: (u.content, len(u.content))",
+    "LIST = [1]\ndef grow(x=len(LIST)):\n    LIST.append(x)\n    return LIST.copy()",
+    "class Box:\n    def put(self, x):\n        self.items = [x]\n        self.items.append(x)",
     "from typing import TypeVar\nT = TypeVar('T')\ndef first(xs: list[T]) -> T:\n    return xs[0]",
     "from datetime import date\n@dataclass\nclass Dated:\n    date: str | None = None\n"
     "def parse(text: str) -> date:\n    return date.fromisoformat(text)",

@@ -56,7 +56,7 @@ from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.stagecache import StageKeys, StageStore, fingerprints
-from evolve.worker import WorkerConfig, extraction_windows, make_embedder
+from evolve.worker import WorkerConfig, evaluator_version, extraction_windows, make_embedder
 from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
@@ -325,7 +325,8 @@ class Evolution:
     def _units_of(self, source: str) -> UnitsOf:
         """Where a case finds the units the program extracted from a train session: the stage
         store (trusted side), under the program's own extraction keys."""
-        keys = StageKeys(fingerprints(source), self.worker.model_sig, self.config.embedder)
+        fps = fingerprints(source)
+        keys = StageKeys(fps, self.worker.model_sig, self.config.embedder, evaluator_version())
         stages = StageStore(Path(self.config.cache_dir) / "stages")
         convs = {c.id: c for c in self.tasks("train").conversations}
 
