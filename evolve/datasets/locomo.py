@@ -33,7 +33,9 @@ Invariants:
   sample is in no train or valid split): ``sample:train`` / ``sample:valid`` hold every sample
   on disk with every other question of each category in ``qa`` order (the 1st, 3rd, … to
   train, the 2nd, 4th, … to valid), so the halves are disjoint and stratified by category. A
-  run reads them (:func:`run_split`) only when ``locomo10.json`` is absent and says so.
+  run reads them (:func:`run_split`) only when ``locomo10.json`` is absent and says so. The
+  shipped sample, conv-26, is in the full file's test split: such a run is a trial, and its
+  programs have seen that test sample.
 """
 
 from __future__ import annotations
