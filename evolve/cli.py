@@ -303,6 +303,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     paths = args.programs or reference_programs()
+    if not paths:
+        raise UsageError("nothing to compare: name program files (no shipped seed was found)")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise UsageError(f"program file {missing[0]} not found")

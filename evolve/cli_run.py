@@ -26,6 +26,7 @@ from evolve.cli import (
     out,
     task_config,
 )
+from evolve.resources import seed_file
 
 
 def add_command(sub: Any) -> None:
@@ -149,11 +150,11 @@ def _run_config(args: argparse.Namespace) -> Any:
     coder_id = args.model if args.coder is None else args.coder
     coder = _model(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
     default_seed = "simple.py" if coder else "hybrid.py"
-    seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / default_seed
+    seed = args.seed or seed_file(default_seed)
     if not Path(seed).is_file():
         raise UsageError(f"seed program {seed} not found")
     return RunConfig(
-        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
+        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed), bench=args.bench,
         cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
@@ -187,10 +188,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evolve.models.llm import LLMError
 
     config = _run_config(args)
+    _say_splits(config)
     if args.dry_run:
         return _dry_run(config)
     store = _open_run(args)[0] if args.resume else RunStore.create(
-        args.runs_dir, build_manifest(config, args.bench))  # fmt: skip
+        args.runs_dir, build_manifest(config))  # fmt: skip
     seed = Path(config.seed_program).name
     if config.coder_model is None:
         err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
@@ -232,15 +234,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_splits(config: Any) -> None:
+    """One line when the bench's train or valid split is not the one of that name."""
+    from evolve.datasets.benches import run_split
+    from evolve.evolution.loop import SPLITS
+
+    names = {s: run_split(config.bench, Path(config.data_dir), s) for s in SPLITS}
+    if any(name != split for split, name in names.items()):
+        chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
+        err.print(f"[yellow]{config.bench}: {chosen}[/] (the data holds no full train and valid "
+                  "split; README, Benchmarks)", highlight=False)  # fmt: skip
+
+
 def _dry_run(config: Any) -> int:
     from evolve.evolution.budget import estimate
     from evolve.evolution.loop import workload
 
     work = workload(config)
     rows = estimate(work, config.task_model, config.coder_model, config.judge_model)
-    out.print(f"dry run: {work.rounds} rounds, up to {work.evaluations} evaluations of "
-              f"{work.questions} train+valid questions; {work.extract_windows} extraction "
-              f"windows ({work.extract_chars:,} characters) per full evaluation")  # fmt: skip
+    out.print(f"dry run on {config.bench}: {work.rounds} rounds, up to {work.evaluations} "
+              f"evaluations of {work.questions} train+valid questions; {work.extract_windows} "
+              f"extraction windows ({work.extract_chars:,} characters) per evaluation")  # fmt: skip
     if not rows:
         out.print("no LLM configured: the run makes no model call and costs nothing")
         return 0

@@ -47,7 +47,7 @@ from sandbox.check import CheckReport, check_program
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 
 REPO = Path(__file__).resolve().parents[1]
-SEEDS = sorted((REPO / "seeds").glob("*.py"))
+SEEDS = sorted((REPO / "seeds").glob("[!_]*.py"))  # not __init__.py
 DENSE = (REPO / "seeds" / "dense.py").read_text()
 WATCHED = [REPO / "splits" / "beam.json", *SEEDS]
 PWNED_PREFIX = f"/tmp/prismem-pwned-{uuid.uuid4().hex[:10]}"

@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.static import ALLOWED_IMPORTS, check_source
 
-SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("*.py"))
+SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("[!_]*.py"))
 
 BASE = '''"""A minimal valid program; snippets are appended after it."""
 from dataclasses import dataclass

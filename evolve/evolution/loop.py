@@ -4,7 +4,9 @@ One round = ask the proposer for a child (:class:`~evolve.evolution.proposer.Pro
 coder when a coder model is configured, else the offline proposer), check it in the sandbox
 (up to ``RunConfig.repairs`` repair attempts fed by the error), evaluate
 it on train and valid with stage reuse, and file it in the run store. Selection never reads
-the test split.
+the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``) that
+:func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so their
+questions carry that bench's native capabilities.
 
 - **Fitness** of a score block (overall, one capability, one question) is the mean of evidence
   similarity and evidence hit rate, the offline retrieval signal.
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve.datasets.beam import load_taskset
+from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.types import TaskSet
 from evolve.distributed import Backend, make_backend
 from evolve.evolution.annotate import Labels, annotate
@@ -55,6 +57,7 @@ from evolve.evolution.stages import common_ancestor, history, partners, refineme
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
+from evolve.scoring.answers import make_scorer
 from evolve.stagecache import StageKeys, StageStore, fingerprints
 from evolve.worker import WorkerConfig, evaluator_version, extraction_windows, make_embedder
 from sandbox.check import CheckReport
@@ -70,6 +73,7 @@ class RunConfig:
     data_dir: str
     seed_program: str
     cache_dir: str
+    bench: str = "beam"  # evolve.datasets.benches: the task sets, splits and native labels
     rounds: dict[str, int] = field(
         default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
     )
@@ -110,8 +114,11 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
 
 
 def task_set(config: RunConfig, split: str) -> TaskSet:
-    """A split as the run sees it: only its first ``config.conversations`` conversations."""
-    tasks = load_taskset(Path(config.data_dir), split)
+    """A run's ``split`` (train, valid or test) of its bench, as the bench's registry names it
+    (:func:`~evolve.datasets.benches.run_split`): only its first ``config.conversations``
+    conversations."""
+    data_dir = Path(config.data_dir)
+    tasks = load_taskset(config.bench, data_dir, run_split(config.bench, data_dir, split))
     if config.conversations is None:
         return tasks
     keep = tasks.conversations[: config.conversations]
@@ -123,12 +130,11 @@ def task_set(config: RunConfig, split: str) -> TaskSet:
 def workload(config: RunConfig) -> Workload:
     """A run's model work, counted from its data (for ``evolve run --dry-run``)."""
     windows = chars = questions = judged = 0
+    scorer = make_scorer(config.bench, None)
     for split in SPLITS:
         tasks = task_set(config, split)
         questions += len(tasks.questions)
-        # BEAM: two variants per rubric item; ordering: up to one call per (line, item) pair
-        judged += sum(len(q.rubric) ** 2 if q.ability == "event_ordering" else 2 * len(q.rubric)
-                      for q in tasks.questions)  # fmt: skip
+        judged += sum(scorer.max_judge_calls(q) for q in tasks.questions)
         for segment in (s for c in tasks.conversations for s in c.sessions):
             for window in extraction_windows(segment):
                 windows += 1
