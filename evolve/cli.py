@@ -7,8 +7,8 @@ share this module's options, progress bar and error handling. Every expected fai
 (bad flag, missing or malformed data, unreadable program) ends with one ``error:`` line on
 stderr and exit status 2 — argparse's own errors included (:class:`Parser`); numeric flags are
 checked by the shared argparse types (:data:`positive_int`, :data:`probability`, ...) and
-program paths by :func:`read_program`; nothing computed before the failure is lost, because stage outputs
-are stored as they are produced. ``check`` exits 1 when a program fails a tier.
+program paths by :func:`read_program`; nothing computed before the failure is lost, because
+stage outputs are stored as they are produced. ``check`` exits 1 when a program fails a tier.
 """
 
 from __future__ import annotations
