@@ -172,6 +172,18 @@ def _check_seed(seed: str) -> None:
         raise UsageError(f"seed program {seed}: {report.repair_text()}")
 
 
+def _check_tasks(config: Any) -> None:
+    """Refuse, before a run is created, splits that leave nothing to evaluate."""
+    from evolve.evolution.loop import SPLITS, task_set
+    from evolve.executor import EvalError, check_evaluable
+
+    try:
+        for split in SPLITS:
+            check_evaluable(task_set(config, split))
+    except EvalError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _score(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
@@ -201,6 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _dry_run(config)
     if not args.resume:
         _check_seed(config.seed_program)
+        _check_tasks(config)
     store = _open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
     seed = Path(config.seed_program).name

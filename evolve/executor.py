@@ -16,6 +16,8 @@ Invariants:
   score 0 on every retrieval metric they have, their answers are scored as empty answers, and
   they carry the error in their trace.
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
+- A task set with no question, or whose conversations hold no message text, is refused before
+  any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def evaluate(
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge). Jobs run on ``backend``
     (default: the local pool with ``jobs`` workers)."""
+    check_evaluable(tasks)
     try:
         source = Path(program_path).read_text()
         fps = fingerprints(source)
@@ -177,6 +180,17 @@ def evaluate(
         work=_sum_work(results.values()),
         traces=traces,
     )
+
+
+def check_evaluable(tasks: TaskSet) -> None:
+    """Raise EvalError ("nothing was evaluated: ...") when ``tasks`` gives a program nothing to
+    remember or nothing to answer."""
+    n = len(tasks.conversations)
+    where = f"nothing was evaluated: {tasks.bench} {tasks.split} ({n} conversation{'s' * (n != 1)})"
+    if not tasks.questions:
+        raise EvalError(f"{where} has no questions")
+    if not any(c.n_chars for c in tasks.conversations):
+        raise EvalError(f"{where} has no message text")
 
 
 def sandbox_check(source: str, path: str, parent_source: str | None = None) -> CheckReport:

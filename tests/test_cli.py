@@ -365,3 +365,53 @@ def test_run_refuses_a_bad_seed_before_creating_the_run(
     assert_one_error_line(code, err, f"seed program {seed}: sandbox tier 1 (source) failed")
     assert message in error_lines(err)[0] and "--resume" not in err
     assert not runs.exists() or not list(runs.iterdir())  # no run folder was created
+
+
+def empty_input(conv: Path, kind: str) -> None:
+    """Make the BEAM conversation folder ``conv`` give nothing to evaluate, in one of three ways."""
+    chat = conv / "chat.json"
+    if kind == "chat []":
+        chat.write_text("[]")
+    elif kind == "empty turns":
+        batches = json.loads(chat.read_text())
+        chat.write_text(json.dumps([{**b, "turns": [[] for _ in b["turns"]]} for b in batches]))
+    else:
+        (conv / "probing_questions" / "probing_questions.json").write_text("{}")
+
+
+EMPTY_KINDS = {"chat []": "has no message text", "empty turns": "has no message text",
+               "questions {}": "has no questions"}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(EMPTY_KINDS))
+@pytest.mark.parametrize("command", ["eval", "compare"])
+def test_empty_input_says_nothing_was_evaluated(
+    one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, kind: str
+):
+    empty_input(one_conv / "beam" / "chats" / "100K" / "1", kind)
+    program = ["--program", DENSE] if command == "eval" else [DENSE]
+    runs = tmp_path / "runs"
+    code, out, err = run_cli(capsys, command, *program, "--split", "all", "--data-dir",
+                             str(one_conv), "--embedder", "hashing", "--runs-dir", str(runs),
+                             "--cache-dir", str(tmp_path / "c"), "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, "nothing was evaluated: ")
+    assert EMPTY_KINDS[kind] in error_lines(err)[0] and out == "" and not runs.exists()
+
+
+@pytest.mark.parametrize("kind", list(EMPTY_KINDS))
+def test_run_on_empty_input_creates_no_run(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+):
+    from evolve.datasets.beam import split_refs
+
+    size, first = split_refs("train")[0]  # --conversations 1: the only one the run reads
+    data = write_slice(
+        data_dir, tmp_path / "data", refs=[*split_refs("train"), *split_refs("valid")]
+    )
+    empty_input(data / "beam" / "chats" / size / first, kind)
+    runs = tmp_path / "runs"
+    code, _, err = run_cli(capsys, "run", "--data-dir", str(data), "--conversations", "1",
+                           "--rounds", "0,0,0", "--embedder", "hashing", "--runs-dir", str(runs),
+                           "--cache-dir", str(tmp_path / "c"), "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, "nothing was evaluated: beam train (1 conversation) ")
+    assert EMPTY_KINDS[kind] in error_lines(err)[0] and not runs.exists()
