@@ -23,18 +23,19 @@ Invariants:
 from __future__ import annotations
 
 import json
-import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
-from evolve.distributed import Backend, make_backend
+from evolve.distributed import Backend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
 from evolve.program import source_digest
 from evolve.scoring.answers import make_scorer
@@ -211,7 +212,9 @@ def _run_jobs(
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
-    with multiprocessing.Manager() as manager:
+    manager = SyncManager()
+    manager.start(die_with_parent, (os.getpid(),))
+    with manager:
         # workers put one conversation id per finished question (where they can reach it)
         ticks = manager.Queue() if backend.live_progress else None
         futures: dict[Future[ConversationResult], str] = {}
