@@ -18,8 +18,10 @@
   fourfold size step (its square root), so a load factor L on one run moves it by √L, not L;
   and a verdict over the limit is re-measured, both sizes alternately, up to
   :data:`GROWTH_REPEATS` times (while the probe stays within :data:`REPEAT_WALL_S` of wall
-  clock), keeping each size's cheapest run. A linear program stays under the limit with any
-  run slowed by up to :data:`LOAD_TOLERANCE`; a quadratic one stays over it.
+  clock), keeping each size's cheapest run. Purely linear work stays under the limit, and
+  purely quadratic work over it, with any run slowed by up to :data:`LOAD_TOLERANCE` (before:
+  1.33); a program mixing both has less margin (the hostile corpus's quadratic indexer measures
+  about 3.5 per doubling, prism about 2.4).
 
 No task LLM is reachable: the stub's ``complete`` raises BackendError, as offline mode does.
 """
