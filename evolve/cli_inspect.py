@@ -35,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evolve.cli import ProgressBar, UsageError, err, out
+from evolve.cli import ProgressBar, UsageError, err, out, positive_int
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import ship, summary
 from evolve.evolution.archive import fitness
@@ -96,7 +96,7 @@ def add_commands(sub: Any) -> None:
     freeze = command("freeze", "mark a candidate final and score it once on test", run=True)
     freeze.add_argument("candidate", help=CANDIDATE_HELP)
     freeze.add_argument("--data-dir", type=Path, help="benchmark data root (default: the run's)")
-    freeze.add_argument("--jobs", type=int, help="worker processes (default: the run's)")
+    freeze.add_argument("--jobs", type=positive_int, help="worker processes (default: the run's)")
     freeze.add_argument("--cache-dir", help="stage and embedding caches (default: the run's)")
     freeze.add_argument(
         "--embedder", choices=["minilm", "hashing"], help="embedder (default: the run's)"
@@ -402,8 +402,6 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_freeze(args: argparse.Namespace) -> int:
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
     result = ship.freeze(
         store,

@@ -23,7 +23,11 @@ from evolve.cli import (
     data_dir,
     default_cache_dir,
     err,
+    non_negative_float,
+    non_negative_int,
     out,
+    positive_int,
+    read_program,
     task_config,
 )
 from evolve.resources import seed_file
@@ -54,24 +58,28 @@ def add_command(sub: Any) -> None:
     )
     run.add_argument(
         "--coder-max-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="reply limit of the coder model (default 8192: a reply may be a whole program)",
     )
     run.add_argument(
         "--repairs",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="repair attempts after a proposal fails to apply or fails the sandbox (default 3)",
     )
-    run.add_argument("--max-usd", type=float, default=None, help="stop before spending more USD")
-    run.add_argument("--max-tokens", type=int, default=None, help="stop before more LLM tokens")
+    run.add_argument(
+        "--max-usd", type=non_negative_float, default=None, help="stop before spending more USD"
+    )
+    run.add_argument(
+        "--max-tokens", type=non_negative_int, default=None, help="stop before more LLM tokens"
+    )
     run.add_argument(
         "--dry-run", action="store_true", help="print the work and cost estimate; run nothing"
     )
     run.add_argument(
         "--conversations",
-        type=int,
+        type=positive_int,
         default=None,
         help="use only the first N conversations of train and valid (quick runs)",
     )
@@ -116,14 +124,6 @@ def _run_config(args: argparse.Namespace) -> Any:
     """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
     from evolve.evolution.loop import RunConfig
 
-    if args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
-    for flag in ("max_usd", "max_tokens", "repairs"):
-        value = getattr(args, flag)
-        if value is not None and not value >= 0:
-            raise UsageError(f"--{flag.replace('_', '-')} must be a non-negative number")
-    if (args.coder_max_tokens or 1) < 1:
-        raise UsageError("--coder-max-tokens must be at least 1")
     try:
         counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
     except ValueError:
@@ -151,8 +151,7 @@ def _run_config(args: argparse.Namespace) -> Any:
     coder = _model(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
     default_seed = "simple.py" if coder else "hybrid.py"
     seed = args.seed or seed_file(default_seed)
-    if not Path(seed).is_file():
-        raise UsageError(f"seed program {seed} not found")
+    read_program(Path(seed), "seed program")
     return RunConfig(
         data_dir=str(data_dir(args.data_dir)), seed_program=str(seed), bench=args.bench,
         cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
@@ -162,6 +161,27 @@ def _run_config(args: argparse.Namespace) -> Any:
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         reuse=not args.no_reuse, **caps,
     )  # fmt: skip
+
+
+def _check_seed(seed: str) -> None:
+    """Refuse a seed that fails the sandbox before a run is created for it (no run folder)."""
+    from evolve.executor import sandbox_check
+
+    report = sandbox_check(read_program(Path(seed), "seed program"), seed)
+    if not report.passed:
+        raise UsageError(f"seed program {seed}: {report.repair_text()}")
+
+
+def _check_tasks(config: Any) -> None:
+    """Refuse, before a run is created, splits that leave nothing to evaluate."""
+    from evolve.evolution.loop import SPLITS, task_set
+    from evolve.executor import EvalError, check_evaluable
+
+    try:
+        for split in SPLITS:
+            check_evaluable(task_set(config, split))
+    except EvalError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _score(value: float | None) -> str:
@@ -191,6 +211,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say_splits(config)
     if args.dry_run:
         return _dry_run(config)
+    if not args.resume:
+        _check_seed(config.seed_program)
+        _check_tasks(config)
     store = _open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
     seed = Path(config.seed_program).name

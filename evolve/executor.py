@@ -16,23 +16,26 @@ Invariants:
   score 0 on every retrieval metric they have, their answers are scored as empty answers, and
   they carry the error in their trace.
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
+- A task set with no question, or whose conversations hold no message text, is refused before
+  any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
-from evolve.distributed import Backend, make_backend
+from evolve.distributed import Backend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
 from evolve.program import source_digest
 from evolve.scoring.answers import make_scorer
@@ -86,6 +89,7 @@ def evaluate(
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge). Jobs run on ``backend``
     (default: the local pool with ``jobs`` workers)."""
+    check_evaluable(tasks)
     try:
         source = Path(program_path).read_text()
         fps = fingerprints(source)
@@ -179,6 +183,17 @@ def evaluate(
     )
 
 
+def check_evaluable(tasks: TaskSet) -> None:
+    """Raise EvalError ("nothing was evaluated: ...") when ``tasks`` gives a program nothing to
+    remember or nothing to answer."""
+    n = len(tasks.conversations)
+    where = f"nothing was evaluated: {tasks.bench} {tasks.split} ({n} conversation{'s' * (n != 1)})"
+    if not tasks.questions:
+        raise EvalError(f"{where} has no questions")
+    if not any(c.n_chars for c in tasks.conversations):
+        raise EvalError(f"{where} has no message text")
+
+
 def sandbox_check(source: str, path: str, parent_source: str | None = None) -> CheckReport:
     """Run the sandbox on a source and remember a pass, so that :func:`evaluate` does not
     check it again in this process (the check is deterministic in the source)."""
@@ -197,7 +212,9 @@ def _run_jobs(
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
-    with multiprocessing.Manager() as manager:
+    manager = SyncManager()
+    manager.start(die_with_parent, (os.getpid(),))
+    with manager:
         # workers put one conversation id per finished question (where they can reach it)
         ticks = manager.Queue() if backend.live_progress else None
         futures: dict[Future[ConversationResult], str] = {}
