@@ -56,12 +56,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from evolve.datasets.types import CAPABILITIES
 from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
 from evolve.evolution.scrub import scrub_secrets
-from evolve.models import damaged, is_corrupt, set_aside
+from evolve.models import damaged, is_corrupt, set_aside, why
 
 T = TypeVar("T")
 
@@ -99,19 +99,6 @@ class CandidateNotFound(LookupError):
 
 class DamagedFile(ValueError):
     """A run file is there but cannot be read as what it should hold; the message names it."""
-
-
-def _why(exc: Exception) -> str:
-    """One line on why a file did not load: pydantic's first error, or the OS error."""
-    if isinstance(exc, ValidationError):
-        first, n = exc.errors()[0], exc.error_count()
-        where = ".".join(map(str, first["loc"]))
-        return f"{where + ': ' if where else ''}{first['msg']}" + (
-            f" (and {n - 1} more)" if n > 1 else ""
-        )
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    return str(exc)
 
 
 class CandidateMeta(BaseModel):
@@ -240,7 +227,7 @@ class RunStore:
         except FileNotFoundError:
             raise RunNotFound(f"run {run_id!r} in {runs_dir} has no manifest.json") from None
         except (OSError, ValueError) as exc:
-            raise RunNotFound(f"run {run_id!r}: manifest {path} is damaged ({_why(exc)})") from None
+            raise RunNotFound(f"run {run_id!r}: manifest {path} is damaged ({why(exc)})") from None
         if not store._in_sync():
             store.reindex()
         return store
@@ -260,7 +247,7 @@ class RunStore:
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, AttributeError) as exc:
-                damaged(f"run folder {root} is damaged ({_why(exc)}): not listed")
+                damaged(f"run folder {root} is damaged ({why(exc)}): not listed")
                 continue
             runs.append({"id": root.name, "created": created, "candidates": count, "best": best})
         return sorted(runs, key=lambda r: float(r["created"] or 0), reverse=True)
@@ -500,7 +487,7 @@ class RunStore:
         try:
             meta = CandidateMeta.model_validate_json(data)
         except ValueError as exc:  # pydantic's ValidationError included
-            raise DamagedFile(f"candidate file {path} is damaged ({_why(exc)})") from None
+            raise DamagedFile(f"candidate file {path} is damaged ({why(exc)})") from None
         expected = f"c{meta.number:04d}-{meta.source_sha256[:8]}"
         if not path.stem == meta.id == expected:
             raise DamagedFile(f"candidate file {path} is damaged (it describes {meta.id!r})")
@@ -510,7 +497,7 @@ class RunStore:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise DamagedFile(f"candidate file {path} is unreadable ({_why(exc)})") from None
+            raise DamagedFile(f"candidate file {path} is unreadable ({why(exc)})") from None
         return self._parse(path, data)
 
     def _source_problem(self, meta: CandidateMeta) -> str | None:
@@ -521,7 +508,7 @@ class RunStore:
         except FileNotFoundError:
             return f"candidate source {path} is missing"
         except OSError as exc:
-            return f"candidate source {path} is unreadable ({_why(exc)})"
+            return f"candidate source {path} is unreadable ({why(exc)})"
         if hashlib.sha256(data).hexdigest() != meta.source_sha256:
             return f"candidate source {path} is damaged (not the source its sha256 records)"
         return None
@@ -550,5 +537,5 @@ class RunStore:
         except FileNotFoundError:
             return {}, None
         except (OSError, ValueError) as exc:
-            return {}, _why(exc)
+            return {}, why(exc)
         return (state, None) if isinstance(state, dict) else ({}, "not a JSON object")

@@ -23,7 +23,7 @@ from evolve.evolution.archive import archive, fitness
 from evolve.evolution.budget import read_spend
 from evolve.evolution.loop import STAGES
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
-from evolve.models import damaged
+from evolve.models import damaged, why
 
 
 def local_time(ts: float | None) -> str | None:
@@ -163,7 +163,7 @@ def evaluation(folder: Path) -> dict[str, Any] | None:
                 "fitness": fitness(overall) if overall else None, "overall": overall,
                 "report": str(path)}  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DamagedFile(f"evaluation report {path} is damaged ({exc!r})") from None
+        raise DamagedFile(f"evaluation report {path} is damaged ({why(exc)})") from None
 
 
 def describe_evaluation(e: dict[str, Any]) -> str:

@@ -11,8 +11,9 @@ of the key).
 Also owns how damaged files are handled everywhere: :func:`damaged` reports one in one line on
 the ``evolve.damage`` logger (the CLI prints each such line once, as ``warning:``; a worker
 process without handlers prints it bare), :func:`is_corrupt` tells a damaged SQLite file from a
-busy or unopenable one, and :func:`set_aside` moves a damaged file out of the way (never
-deleting it) so that a fresh one can take its place.
+busy or unopenable one, :func:`why` says in one line why a file did not load, and
+:func:`set_aside` moves a damaged file out of the way (never deleting it) so that a fresh one
+can take its place.
 """
 
 from __future__ import annotations
@@ -57,6 +58,19 @@ def sqlite_connection(path: Path, schema: str) -> sqlite3.Connection:
 def damaged(message: str) -> None:
     """Report a damaged file (and what was done about it) in one line."""
     DAMAGE_LOG.warning(" ".join(message.split()))
+
+
+def why(exc: Exception) -> str:
+    """One line on why a file did not load: pydantic's first error, or the OS error."""
+    errors = getattr(exc, "errors", None)  # a pydantic ValidationError (pydantic not imported)
+    if callable(errors) and isinstance(exc, ValueError):
+        first, n = errors()[0], len(errors())
+        where = ".".join(map(str, first["loc"]))
+        more = f" (and {n - 1} more)" if n > 1 else ""
+        return f"{where + ': ' if where else ''}{first['msg']}{more}"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
 
 
 def is_corrupt(exc: BaseException) -> bool:
