@@ -9,12 +9,15 @@ stderr and exit status 2 — argparse's own errors included (:class:`Parser`); n
 checked by the shared argparse types (:data:`positive_int`, :data:`probability`, ...) and
 program paths by :func:`read_program`; nothing computed before the failure is lost, because
 stage outputs are stored as they are produced. ``check`` exits 1 when a program fails a tier.
+A damaged file that a command works around (:func:`evolve.models.damaged`) is one
+``warning:`` line, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -29,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
+from evolve.models import DAMAGE_LOG
 from evolve.models.llm import LLMError
 
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
@@ -84,6 +88,23 @@ def read_program(path: Path, what: str = "program file") -> str:
         ) from None
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+class _DamageLines(logging.Handler):
+    """Prints each damaged-file report of one command once, as one ``warning:`` line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text not in self.seen:
+            self.seen.add(text)
+            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+
+
+_DAMAGE_LINES = _DamageLines()
 
 
 def default_cache_dir() -> Path:
@@ -220,6 +241,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    _DAMAGE_LINES.seen.clear()
+    if _DAMAGE_LINES not in DAMAGE_LOG.handlers:
+        DAMAGE_LOG.addHandler(_DAMAGE_LINES)
     try:
         args = parser.parse_args(argv)
         if args.command == "eval":
@@ -501,7 +525,9 @@ def _print_report(report: dict[str, Any]) -> None:
         out.print(line)
     if meta["mode"] != "offline: retrieval-only":
         out.print(f"judge: {meta['judge']['judge'] or 'none'} — {meta['judge']['note']}")
-    stages = ", ".join(f"{s} {c['computed']}/{c['reused']}" for s, c in report["stages"].items())
+    stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
+                       + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
+                       for s, c in report["stages"].items())  # fmt: skip
     out.print(f"stages (computed/reused): {stages}")
     if meta["errors"]:
         out.print(f"[red]{meta['errors']} questions failed[/] — see {meta.get('traces')}")

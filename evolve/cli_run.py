@@ -3,7 +3,8 @@
 Parsing and output only; the loop is :mod:`evolve.evolution.loop`, the manifest
 :mod:`evolve.evolution.manifest`, the estimate and caps :mod:`evolve.evolution.budget`. Errors
 follow :mod:`evolve.cli`: one ``error:`` line and exit status 2 (:class:`~evolve.cli.UsageError`);
-a run stopped by an error or a cap keeps everything it computed and resumes with ``--resume``.
+a run stopped by an error or a cap keeps everything it computed and resumes with ``--resume``,
+which names every damaged file it could not recover and continues with the rest.
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.task_model is None:
         err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
+    if args.resume:
+        _say_unrecovered(store)
     with ProgressBar(sum(config.rounds.values()), not args.no_progress, "round") as advance:
         done = [0]
 
@@ -237,7 +240,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             best = evolution.run()
         except (EvalError, LLMError) as exc:
             raise UsageError(f"{exc} (resume with: evolve run --resume {store.run_id})") from None
-    seed_meta = store.candidates()[0]
+    seed_meta = next(c for c in store.candidates() if c.stage == "seed")
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
         sim, hit = _score(v["evidence_similarity"]), _score(v["evidence_hit_rate"])
@@ -267,6 +270,18 @@ def _say_splits(config: Any) -> None:
         chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
         err.print(f"[yellow]{config.bench}: {chosen}[/] (the data holds no full train and valid "
                   "split; README, Benchmarks)", highlight=False)  # fmt: skip
+
+
+def _say_unrecovered(store: Any) -> None:
+    """On ``--resume``: how much of the run was lost to damaged files (each named in a warning)."""
+    lost = store.damage()
+    if lost:
+        kept = len(store.candidates())  # warns once per damaged candidate file
+        store.load_state()  # and about a damaged state
+        store.log_event("resume_damage", files=lost)
+        err.print(f"[yellow]resume:[/] could not recover {len(lost)} damaged file(s), named above; "
+                  f"continuing with the {kept} readable candidates (not evaluated again)",
+                  highlight=False)  # fmt: skip
 
 
 def _dry_run(config: Any) -> int:

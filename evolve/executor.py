@@ -254,7 +254,8 @@ def _failed(conv_id: str, questions: list[Question], error: str) -> Conversation
 
 
 def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
-    total = {c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0} for c in COMPONENTS}
+    outcomes = ("computed", "reused", "failed", "skipped", "invalid")
+    total = {c: dict.fromkeys(outcomes, 0) for c in COMPONENTS}
     for counters in all_counters:
         for stage, counts in counters.items():
             for outcome, n in counts.items():

@@ -21,7 +21,11 @@ Owns three things (design §2):
    Memory state is pickled with program classes replaced by portable references and the
    backend by a placeholder; loading it rebinds them to the *current* program's classes and
    backend and allows only a fixed set of safe globals. Every load returns a fresh object, so a
-   parent's and a child's memory never share mutable state. Failures are never stored.
+   parent's and a child's memory never share mutable state. Failures are never stored. Every
+   read checks the shape of what it reads (:data:`SHAPES`: extract a list of unit records, plan
+   a query record, retrieve the retrieval record, answer a string; index state a complete
+   pickle stream): an entry that fails is a miss, reported to ``on_invalid``, recomputed by the
+   caller and overwritten.
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import tempfile
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from sandbox.statefulness import def_annotations, import_time_nodes, root_of
 
@@ -389,17 +395,53 @@ def load_state(cls: Any, data: bytes, program_namespace: dict[str, Any], backend
     return obj
 
 
+class _Retrieved(BaseModel):
+    """A stored retrieval (what :mod:`evolve.worker` records for one question)."""
+
+    model_config = ConfigDict(strict=True)
+    retrieved: str
+    over_budget: bool
+    raw_chars: int
+    retrieve_ms: float | None = None
+
+
+_STRICT = ConfigDict(strict=True)
+SHAPES: dict[str, TypeAdapter[Any]] = {  # what a JSON entry of each stage must be
+    "extract": TypeAdapter(list[dict[str, Any]], config=_STRICT),
+    "plan": TypeAdapter(dict[str, Any], config=_STRICT),
+    "retrieve": TypeAdapter(_Retrieved),
+    "answer": TypeAdapter(str, config=_STRICT),
+}
+
+
+def _complete_pickle(data: bytes) -> bool:
+    """Whether ``data`` is one whole pickle stream (opcodes are read, nothing is built)."""
+    try:
+        return any(op.name == "STOP" for op, _, _ in pickletools.genops(data))
+    except Exception:  # pickletools raises ValueError, and others on garbage
+        return False
+
+
 class StageStore:
     """Stage outputs on disk: JSON for records and texts, bytes for memory state.
 
     With ``reuse=False`` the store still writes every output (so trusted-side readers such as
     compact cases find them) but reads back only what this instance wrote: nothing computed by
     another evaluation is reused (``evolve run --no-reuse``, the baseline reuse is measured by).
+    A read that finds an entry of the wrong shape (:data:`SHAPES`) returns None and calls
+    ``on_invalid(stage)``.
     """
 
-    def __init__(self, root: Path, *, reuse: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        reuse: bool = True,
+        on_invalid: Callable[[str], None] | None = None,
+    ) -> None:
         self.root = Path(root)
         self._own: set[Path] | None = None if reuse else set()
+        self._on_invalid = on_invalid or (lambda _stage: None)
 
     def _path(self, stage: str, key: str, suffix: str) -> Path:
         return self.root / stage / key[:2] / f"{key}{suffix}"
@@ -418,9 +460,19 @@ class StageStore:
         if not self._readable(path):
             return None
         try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            value = json.loads(path.read_bytes())
+        except FileNotFoundError:
             return None
+        except ValueError:  # not JSON, or not UTF-8
+            self._on_invalid(stage)
+            return None
+        try:
+            if stage in SHAPES:
+                SHAPES[stage].validate_python(value)
+        except ValidationError:
+            self._on_invalid(stage)
+            return None
+        return value
 
     def put_json(self, stage: str, key: str, value: Any) -> None:
         self._write(self._path(stage, key, ".json"), json.dumps(value).encode())
@@ -430,9 +482,13 @@ class StageStore:
         if not self._readable(path):
             return None
         try:
-            return path.read_bytes()
+            data = path.read_bytes()
         except FileNotFoundError:
             return None
+        if not _complete_pickle(data):
+            self._on_invalid(stage)
+            return None
+        return data
 
     def put_bytes(self, stage: str, key: str, value: bytes) -> None:
         self._write(self._path(stage, key, ".bin"), value)

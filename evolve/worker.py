@@ -10,6 +10,9 @@ stores it. Outputs are computed lazily: when every retrieval result of a convers
 no host is even started, and when the memory state is cached, its units are never extracted.
 
 Invariants:
+- A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
+  checks each read, and a memory state the program cannot restore counts too): a bad entry is
+  recomputed, overwritten and counted (``invalid``, besides ``computed``).
 - Only successful outputs are stored; a program error, an LLM failure, a dead or hung host or
   an unpicklable memory leaves the store untouched and is recorded in the trace (``error``)
   and counters (``failed``). After the host dies, the conversation's remaining questions fail
@@ -188,7 +191,8 @@ class _Run:
         self.path = path
         self.config = config
         self.conv = conv
-        self.store = StageStore(Path(config.cache_dir) / "stages", reuse=config.reuse)
+        self.store = StageStore(Path(config.cache_dir) / "stages", reuse=config.reuse,
+                                on_invalid=lambda stage: self.count(stage, "invalid"))  # fmt: skip
         self.keys = StageKeys(
             fingerprints(source), config.model_sig, config.embedder, evaluator_version()
         )
@@ -198,7 +202,8 @@ class _Run:
             self.embedder, self.llm, config.stage_label, config.max_complete_calls
         )
         self.counters = {
-            c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0} for c in COMPONENTS
+            c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0}
+            for c in COMPONENTS
         }
         self.seconds = dict.fromkeys(COMPONENTS, 0.0)
         self.extract_keys = [self.keys.extract(s.digest()) for s in conv.sessions]
@@ -327,8 +332,8 @@ class _Run:
         if data is not None:
             try:
                 self.call("restore", limits, [data], timeout=self.config.step_seconds)
-            except ProgramFailure:  # stored by an incompatible program: rebuild instead
-                pass
+            except ProgramFailure:  # unreadable, or stored by an incompatible program: rebuild
+                self.count("index", "invalid")
             else:
                 self._memory_ready = True
                 self.count("index", "reused")

@@ -467,7 +467,7 @@ def test_keys_of_different_stages_differ() -> None:
 
 def test_store_json_round_trip(tmp_path: Path) -> None:
     store = StageStore(tmp_path)
-    value = {"units": [{"content": "a", "date": None}], "n": 2, "ok": True}
+    value = [{"content": "a", "date": None, "n": 2, "ok": True}]  # extract: a list of units
     assert store.get_json("extract", "ab" * 32) is None
     assert not store.has("extract", "ab" * 32)
     store.put_json("extract", "ab" * 32, value)
@@ -478,7 +478,7 @@ def test_store_json_round_trip(tmp_path: Path) -> None:
 
 def test_store_bytes_round_trip(tmp_path: Path) -> None:
     store = StageStore(tmp_path)
-    data = bytes(range(256)) * 10
+    data = pickle.dumps(bytes(range(256)) * 10)  # index: a pickled state
     assert store.get_bytes("index", "cd" * 32) is None
     store.put_bytes("index", "cd" * 32, data)
     assert store.get_bytes("index", "cd" * 32) == data
@@ -488,9 +488,9 @@ def test_store_bytes_round_trip(tmp_path: Path) -> None:
 
 def test_store_overwrite(tmp_path: Path) -> None:
     store = StageStore(tmp_path)
-    store.put_json("plan", "k1", [1])
-    store.put_json("plan", "k1", [2])
-    assert store.get_json("plan", "k1") == [2]
+    store.put_json("plan", "k1", {"q": 1})
+    store.put_json("plan", "k1", {"q": 2})
+    assert store.get_json("plan", "k1") == {"q": 2}
 
 
 def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:

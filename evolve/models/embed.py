@@ -21,6 +21,10 @@ Invariants:
   served (:func:`embedding_version`). Only the cache file is ever written.
 - :func:`library_versions` is the one reading of installed versions; the worker's evaluator
   version (:mod:`evolve.worker`) uses it too.
+- A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
+  a miss, encoded again and overwritten (counted in ``stats.invalid``); a file SQLite calls
+  corrupt is moved aside to ``<name>.corrupt-<time>`` (:func:`evolve.models.set_aside`), said
+  in one line, and a fresh cache takes its place.
 """
 
 from __future__ import annotations
@@ -31,22 +35,24 @@ import importlib.metadata
 import json
 import os
 import re
+import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from evolve.models import sqlite_connection
+from evolve.models import damaged, is_corrupt, set_aside, sqlite_connection
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+T = TypeVar("T")
 SQL_CHUNK = 500  # ids per IN (...) query; below SQLite's variable limit on every build
 PERSIST_CHUNK = 1024  # texts encoded between two cache writes
 # Bump when the encoding code here (normalisation, the hashing double) changes its vectors.
@@ -74,15 +80,17 @@ class EmbedStats:
 
     ``requested`` counts every text passed to ``embed``; duplicates within one call are looked
     up and encoded once, so ``cache_hits + encoded`` counts distinct texts per call.
+    ``invalid`` counts cached rows of the wrong size (encoded again, so also in ``encoded``).
     """
 
     requested: int = 0
     cache_hits: int = 0
     encoded: int = 0
+    invalid: int = 0
     encode_seconds: float = 0.0
 
     def reset(self) -> None:
-        self.requested = self.cache_hits = self.encoded = 0
+        self.requested = self.cache_hits = self.encoded = self.invalid = 0
         self.encode_seconds = 0.0
 
 
@@ -181,11 +189,29 @@ class Embedder:
                         hf_logging.enable_progress_bar()
             return self._model
 
+    def _cache(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work`` in one transaction on the cache file; a corrupt file is set aside (said
+        once, in one line) and ``work`` runs again on a fresh one."""
+        assert self.cache_path is not None
+        try:
+            with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+                return work(conn)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            moved = set_aside(self.cache_path)
+            if moved is not None:
+                damaged(f"embedding cache {self.cache_path} is damaged ({exc}): moved to "
+                        f"{moved.name}; starting a fresh cache")  # fmt: skip
+        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+            return work(conn)
+
     def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
         if self.cache_path is None:
             return {}
-        found: dict[str, np.ndarray] = {}
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+
+        def read(conn: sqlite3.Connection) -> dict[str, np.ndarray]:
+            found: dict[str, np.ndarray] = {}
             for start in range(0, len(keys), SQL_CHUNK):
                 chunk = keys[start : start + SQL_CHUNK]
                 marks = ",".join("?" * len(chunk))
@@ -195,19 +221,24 @@ class Embedder:
                     [self._cache_model, *chunk],
                 )
                 for key, blob in rows:
-                    vec = np.frombuffer(blob, dtype="<f4")
-                    if vec.shape == (self.dim,):  # a row of another shape is treated as a miss
-                        found[key] = vec.astype(np.float32)
-        return found
+                    if isinstance(blob, bytes) and len(blob) == 4 * self.dim:
+                        found[key] = np.frombuffer(blob, dtype="<f4").astype(np.float32)
+                    else:  # a row of another size or type: a miss, encoded and overwritten
+                        self.stats.invalid += 1
+            return found
+
+        return self._cache(read)
 
     def _store(self, vecs: dict[str, np.ndarray]) -> None:
         if self.cache_path is None or not vecs:
             return
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
-            conn.executemany(
-                "INSERT OR IGNORE INTO embeddings (model, text_sha256, vec) VALUES (?, ?, ?)",
-                [(self._cache_model, k, v.astype("<f4").tobytes()) for k, v in vecs.items()],
+        rows = [(self._cache_model, k, v.astype("<f4").tobytes()) for k, v in vecs.items()]
+        self._cache(  # REPLACE: a stored row is only ever rewritten with the same vector
+            lambda conn: conn.executemany(
+                "INSERT OR REPLACE INTO embeddings (model, text_sha256, vec) VALUES (?, ?, ?)",
+                rows,
             )
+        )
 
     @property
     def _cache_model(self) -> str:
