@@ -287,3 +287,17 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
         host.call("index", payload, timeout=10.0)
         with pytest.raises(HostFailure, match="timed out"):
             host.call("retrieve", {"query": {"text": "x"}}, timeout=1.0)
+
+
+def test_a_hook_returning_an_ill_typed_unit_fails_extraction(tasks: TaskSet, tmp_path: Path):
+    """Records handed to the host are not checked again there, but what a hook returns is."""
+    hook = (
+        "\n\ndef postprocess_units(units, segment):\n"
+        "    for u in units:\n        u.date = 7\n    return units\n"
+    )
+    path = tmp_path / "hook.py"
+    path.write_text(DENSE + hook)
+    report = run(path, tasks, tmp_path / "c")
+    assert report["meta"]["errors"] == len(tasks.questions)
+    assert all("MemoryUnit: field 'date'" in t.error for t in report["traces"])
+    assert report["stages"]["extract"]["failed"] >= 1
