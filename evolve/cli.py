@@ -306,6 +306,7 @@ def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
 def cmd_eval(args: argparse.Namespace) -> int:
     from evolve.datasets.benches import load_taskset
     from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
+    from evolve.trace import first_error
     from evolve.worker import WorkerConfig
 
     read_program(args.program)
@@ -358,7 +359,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _print_report(report.as_json())
     failed = report.meta["errors"]
     if failed and failed == report.meta["questions"]:
-        first = next(t["error"] for t in report.traces if t.get("error"))
+        first = first_error(report.traces)
         err.print(f"[red]error:[/] every question failed; first: {escape(first)}", highlight=False)
         return 1
     return 0

@@ -56,9 +56,9 @@ def compare_programs(
     for path in paths:
         report = evaluate(path, tasks, config, judge=judge, on_progress=on_progress,
                           backend=backend)  # fmt: skip
-        traces = [t for t in report.traces if not t.get("error")]
-        chars = [len(t.get("retrieved") or "") for t in traces]
-        latency = [float(t["retrieve_ms"]) for t in traces if t.get("retrieve_ms") is not None]
+        traces = [t for t in report.traces if not t.error]
+        chars = [len(t.retrieved_text) for t in traces]
+        latency = [t.retrieve_ms for t in traces if t.retrieve_ms is not None]
         overall = report.scores["overall"]
         rows.append({
             "program": str(path),

@@ -1,7 +1,7 @@
 """Where evaluation jobs run: the local loky pool (default) or a Ray cluster (``--backend ray``).
 
 Owns :data:`BACKENDS`, :class:`Backend` and :func:`make_backend`. The executor submits one job
-per conversation (:func:`evolve.worker.run_conversation`) to a backend's ``executor`` and reads
+per conversation (:func:`evolve.session.run_conversation`) to a backend's ``executor`` and reads
 ``concurrent.futures.Future`` results; nothing else about a job depends on where it runs.
 
 Invariants:

@@ -1,7 +1,7 @@
 """Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
 
 The executor is the parent side of execution (design §2). It never runs program code itself:
-each conversation is a job for :func:`evolve.worker.run_conversation` on a backend
+each conversation is a job for :func:`evolve.session.run_conversation` on a backend
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
 model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
 stage store; the executor sums their counters, scores every question here with
@@ -40,13 +40,10 @@ from evolve.models.llm import LLMClient
 from evolve.program import source_digest
 from evolve.scoring.answers import make_scorer
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
+from evolve.session import ConversationResult, run_conversation
 from evolve.stagecache import COMPONENTS, fingerprints
-from evolve.worker import (
-    ConversationResult,
-    WorkerConfig,
-    make_embedder,
-    run_conversation,
-)
+from evolve.trace import QuestionTrace
+from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
@@ -64,7 +61,7 @@ class EvalReport:
     stages: dict[str, dict[str, int]]
     usage: dict[str, dict[str, Any]]
     work: dict[str, Any]
-    traces: list[dict[str, Any]] = field(repr=False)
+    traces: list[QuestionTrace] = field(repr=False)
 
     def as_json(self) -> dict[str, Any]:
         keys = ("meta", "scores", "stages", "usage", "work")
@@ -114,24 +111,24 @@ def evaluate(
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
     by_id = {q.id: q for q in tasks.questions}
-    traces: list[dict[str, Any]] = []
+    traces: list[QuestionTrace] = []
     for conv in tasks.conversations:
         result = results[conv.id]
         messages = conv.messages()
         items = []
         for trace in result.traces:
-            q = by_id[trace["id"]]
+            q = by_id[trace.id]
             evidence = [
                 f"{messages[e][1].role}: {messages[e][1].content}"
                 for e in q.evidence_ids
                 if e in messages
             ]
-            items.append(ScoreInput(q, evidence, trace.get("retrieved") or ""))
+            items.append(ScoreInput(q, evidence, trace.retrieved_text))
         for trace, item, scores in zip(result.traces, items, scorer.score(items), strict=True):
-            if trace.get("error"):  # a failed question scores 0 wherever it has a metric
+            if trace.error:  # a failed question scores 0 wherever it has a metric
                 scores = {m: (0.0 if v is not None else None) for m, v in scores.items()}
-            trace.update(ability=item.question.ability, capability=item.question.capability,
-                         question=item.question.question, scores=scores)  # fmt: skip
+            trace.ability, trace.capability = item.question.ability, item.question.capability
+            trace.question, trace.scores = item.question.question, scores
             traces.append(trace)
 
     metrics = list(METRICS)
@@ -141,12 +138,11 @@ def evaluate(
     if not config.offline:
         metrics += answers.metrics
         for trace in traces:  # a failed question is scored as an empty answer
-            answer = trace.get("answer")
-            text = answer if isinstance(answer, str) and not trace.get("error") else ""
-            judged = answers.score(by_id[trace["id"]], text)
-            trace["scores"].update(judged.scores)
-            trace["judged"] = judged.detail
-    rows = [(by_id[t["id"]], t["scores"]) for t in traces]
+            text = trace.answer if trace.answer is not None and not trace.error else ""
+            judged = answers.score(by_id[trace.id], text)
+            trace.scores.update(judged.scores)
+            trace.judged = judged.detail
+    rows = [(by_id[t.id], t.scores) for t in traces]
     summary = aggregate(rows, metrics)
     if not config.offline:
         summary["headline"] = answers.summarize(rows)
@@ -172,7 +168,7 @@ def evaluate(
             "judge": answers.describe(),
             "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
-            "errors": sum(1 for t in traces if t.get("error")),
+            "errors": sum(1 for t in traces if t.error),
             "seconds": round(time.perf_counter() - started, 3),
         },
         scores=summary,
@@ -249,7 +245,7 @@ def _run_jobs(
 
 
 def _failed(conv_id: str, questions: list[Question], error: str) -> ConversationResult:
-    traces = [{"id": q.id, "conversation_id": conv_id, "error": error[:500]} for q in questions]
+    traces = [QuestionTrace(id=q.id, conversation_id=conv_id, error=error[:500]) for q in questions]
     return ConversationResult(conv_id, traces, {}, [])
 
 
@@ -294,8 +290,8 @@ def write_run(report: EvalReport, out_dir: Path) -> Path:
     """Per-question traces as JSONL and the report as JSON, in ``out_dir``; returns the JSONL."""
     out_dir.mkdir(parents=True, exist_ok=True)
     traces = out_dir / "questions.jsonl"
-    with traces.open("w") as fh:
+    with traces.open("w", encoding="utf-8") as fh:
         for trace in report.traces:
-            fh.write(json.dumps(trace) + "\n")
+            fh.write(trace.to_json() + "\n")
     (out_dir / "report.json").write_text(json.dumps(report.as_json(), indent=2))
     return traces

@@ -282,7 +282,7 @@ class StageKeys:
     fp: dict[str, str]
     model_sig: str  # "offline" or the task model id and parameters
     embed_sig: str  # the embedder's name: index state contains its vectors
-    evaluator: str  # evolve.worker.evaluator_version(): what the evaluator adds to outputs
+    evaluator: str  # evolve.session.evaluator_version(): what the evaluator adds to outputs
 
     def _key(self, stage: str, *parts: Any) -> str:
         return _digest(stage, self.fp[stage], self.evaluator, *parts)
@@ -396,7 +396,7 @@ def load_state(cls: Any, data: bytes, program_namespace: dict[str, Any], backend
 
 
 class _Retrieved(BaseModel):
-    """A stored retrieval (what :mod:`evolve.worker` records for one question)."""
+    """A stored retrieval (what :mod:`evolve.session` records for one question)."""
 
     model_config = ConfigDict(strict=True)
     retrieved: str

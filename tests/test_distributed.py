@@ -34,7 +34,7 @@ def local_ray() -> Iterator[None]:
 
 def comparable(report: Any) -> list[dict[str, Any]]:
     keep = ("id", "retrieved", "scores", "error", "query")
-    return [{k: t.get(k) for k in keep} for t in report.traces]
+    return [{k: getattr(t, k) for k in keep} for t in report.traces]
 
 
 def test_ray_backend_matches_local(

@@ -52,7 +52,7 @@ def _assert_evolved_on(store: RunStore, bench: str, root: Path, data_file: Path)
         for split, tasks in expected.items():
             native = {q.id: q.capability for q in tasks.questions}
             assert c.scores[split]["question_capabilities"] == native, (c.id, split)
-        traced = [t["id"] for t in store.traces(c.id, "train")]
+        traced = [t.id for t in store.traces(c.id, "train")]
         assert sorted(traced) == sorted(q.id for q in expected["train"].questions)
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolve import worker
+from evolve import prompts, session
 from evolve.program import load_program
 from evolve.stagecache import (
     COMPONENTS,
@@ -377,39 +377,39 @@ def test_every_key_carries_the_evaluator_version() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        ("EVALUATOR_VERSION", "2"),
-        ("EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
-        ("PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
-        ("ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
-        ("EXTRACT_WINDOW_CHARS", 12_000),
-        ("OUT_CHAR_BUDGET", 8_000),
-        ("TRUNCATION", "suffix"),
+        (session, "EVALUATOR_VERSION", "2"),
+        (prompts, "EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
+        (prompts, "PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
+        (prompts, "ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
+        (prompts, "EXTRACT_WINDOW_CHARS", 12_000),
+        (session, "OUT_CHAR_BUDGET", 8_000),
+        (session, "TRUNCATION", "suffix"),
     ],
 )
 def test_evaluator_version_follows_what_shapes_outputs(
-    monkeypatch: pytest.MonkeyPatch, change: tuple[str, Any]
+    monkeypatch: pytest.MonkeyPatch, change: tuple[Any, str, Any]
 ) -> None:
-    base = worker.evaluator_version()
-    monkeypatch.setattr(worker, *change)
-    assert worker.evaluator_version() != base
+    base = session.evaluator_version()
+    monkeypatch.setattr(*change)
+    assert session.evaluator_version() != base
 
 
 @pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
 def test_evaluator_version_follows_library_versions(
     monkeypatch: pytest.MonkeyPatch, library: str
 ) -> None:
-    base = worker.evaluator_version()
+    base = session.evaluator_version()
     real = importlib.metadata.version
     monkeypatch.setattr(
         importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name)
     )
-    assert worker.evaluator_version() != base
+    assert session.evaluator_version() != base
 
 
 def test_evaluator_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = worker.evaluator_version()
-    monkeypatch.setattr(worker.Embedder, "name", "all-MiniLM-L12-v2")
-    assert worker.evaluator_version() != base
+    base = session.evaluator_version()
+    monkeypatch.setattr(session.Embedder, "name", "all-MiniLM-L12-v2")
+    assert session.evaluator_version() != base
 
 
 def test_stage_keys_extract() -> None:

@@ -57,9 +57,11 @@ from evolve.evolution.stages import common_ancestor, history, partners, refineme
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
+from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
+from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore, fingerprints
-from evolve.worker import WorkerConfig, evaluator_version, extraction_windows, make_embedder
+from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
@@ -427,7 +429,7 @@ class Evolution:
                     "headline": result.scores.get("headline"),
                     "errors": result.meta["errors"],
                     "questions": question_fitness(result.traces),
-                    "question_capabilities": {t["id"]: t["capability"] for t in result.traces},
+                    "question_capabilities": {t.id: t.capability for t in result.traces},
                     "diagnostics": result.scores.get("diagnostics"),
                     "stages": result.stages,  # computed / reused per cached stage
                 }

@@ -51,6 +51,7 @@ from evolve.evolution.summary import ancestry, scores
 from evolve.executor import EvalError, evaluate, write_run
 from evolve.models.llm import ModelConfig
 from evolve.program import CONTRACT_VERSION
+from evolve.trace import first_error
 from evolve.worker import WorkerConfig
 from sandbox.check import check_program
 
@@ -138,7 +139,7 @@ def freeze(
             raise ShipError(str(exc)) from None
     write_run(report, store.root / f"freeze-{meta.id}")  # traces, kept even when refused
     if report.meta["errors"]:
-        first = next(t["error"] for t in report.traces if t.get("error"))
+        first = first_error(report.traces)
         raise ShipError(
             f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
             f"(first: {first[:200]}); no test score was recorded — stages computed so far are "

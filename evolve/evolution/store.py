@@ -62,6 +62,7 @@ from evolve.datasets.types import CAPABILITIES
 from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
 from evolve.evolution.scrub import scrub_secrets
 from evolve.models import damaged, is_corrupt, set_aside, why
+from evolve.trace import QuestionTrace, read_trace
 
 T = TypeVar("T")
 
@@ -316,20 +317,20 @@ class RunStore:
             raise DamagedFile(problem)
         return (self._candidates / f"{meta.id}.py").read_bytes().decode()
 
-    def write_traces(self, candidate_id: str, split: str, traces: list[dict[str, Any]]) -> None:
+    def write_traces(self, candidate_id: str, split: str, traces: list[QuestionTrace]) -> None:
         """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
-        lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
+        lines = "".join(t.to_json() + "\n" for t in traces)
         path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
         _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
 
-    def traces(self, candidate_id: str, split: str) -> list[dict[str, Any]]:
+    def traces(self, candidate_id: str, split: str) -> list[QuestionTrace]:
         """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
         path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
         try:
             text = gzip.decompress(path.read_bytes()).decode("utf-8")
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines()]
+        return [read_trace(line) for line in text.splitlines()]
 
     def candidates(self) -> list[CandidateMeta]:
         """Every readable candidate, in creation order; a damaged one is skipped and reported."""

@@ -20,7 +20,7 @@ Invariants:
   runs, and a vector made by other model files, library versions or encoding code is never
   served (:func:`embedding_version`). Only the cache file is ever written.
 - :func:`library_versions` is the one reading of installed versions; the worker's evaluator
-  version (:mod:`evolve.worker`) uses it too.
+  version (:mod:`evolve.session`) uses it too.
 - A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
   a miss, encoded again and overwritten (counted in ``stats.invalid``); a file SQLite calls
   corrupt is moved aside to ``<name>.corrupt-<time>`` (:func:`evolve.models.set_aside`), said
