@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
 
 ROOT = Path(__file__).resolve().parents[1]
