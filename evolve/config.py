@@ -2,8 +2,9 @@
 
 Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per evolution stage,
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the
-budget caps and the ablations), the evolution stages' order (:data:`STAGES`, the keys of
-``rounds``) and the splits a run evaluates on (:data:`SPLITS`). The run manifest stores the
+budget caps, the repair attempts per round (:data:`REPAIRS` by default) and the ablations),
+the evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run
+evaluates on (:data:`SPLITS`). The run manifest stores the
 config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
@@ -19,12 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
-from evolve.evolution.proposer import REPAIRS
 from evolve.models import why
 from evolve.models.llm import ModelConfig
 
 STAGES = ("cold_start", "refinement", "integration")
 SPLITS = ("train", "valid")
+REPAIRS = 3  # repair attempts after a proposal that fails to apply or fails the sandbox
 
 
 class ConfigError(ValueError):

@@ -36,7 +36,9 @@ from evolve.cli.common import (
     read_program,
     task_config,
 )
+from evolve.datasets.benches import load_taskset
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
+from evolve.distributed import make_backend
 from evolve.models.clients import role_client
 
 
@@ -97,8 +99,6 @@ def add_data(sub: Any) -> None:
 
 def backend_of(args: argparse.Namespace) -> Any:
     """The evaluation backend of ``--backend/--jobs/--ray-address`` (UsageError if unusable)."""
-    from evolve.distributed import make_backend
-
     try:
         return make_backend(args.backend, args.jobs, args.ray_address)
     except RuntimeError as exc:
@@ -113,7 +113,6 @@ def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from evolve.datasets.benches import load_taskset
     from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
     from evolve.worker import WorkerConfig
 
@@ -175,7 +174,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
-    from evolve.datasets.benches import load_taskset
     from evolve.executor import EvalError
     from evolve.worker import WorkerConfig
 

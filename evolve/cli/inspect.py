@@ -404,15 +404,12 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     from evolve.evolution.freeze import freeze
 
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
-    result = freeze(
-        store,
-        meta.id,
-        data_dir=args.data_dir,
-        cache_dir=args.cache_dir,
-        embedder=args.embedder,
-        jobs=args.jobs,
-        progress=lambda total: ProgressBar(total, not args.no_progress, "test"),
-    )
+
+    def bar(total: int) -> ProgressBar:
+        return ProgressBar(total, not args.no_progress, "test")
+
+    result = freeze(store, meta.id, data_dir=args.data_dir, cache_dir=args.cache_dir,
+                    embedder=args.embedder, jobs=args.jobs, progress=bar)  # fmt: skip
     ref = name(store, result.meta)
     if not result.scored:
         err.print(
@@ -426,16 +423,8 @@ def cmd_freeze(args: argparse.Namespace) -> int:
             highlight=False,
         )
     test = result.test
-    if _emit(
-        args,
-        {
-            "candidate": ref,
-            "scored": result.scored,
-            "other_frozen": result.others,
-            "test_fitness": fitness(test["overall"]),
-            "test": test,
-        },
-    ):
+    if _emit(args, {"candidate": ref, "scored": result.scored, "other_frozen": result.others,
+                    "test_fitness": fitness(test["overall"]), "test": test}):  # fmt: skip
         return 0
     table = Table(title=f"test scores of {ref} (frozen)")
     for column in ("capability", "n", "fitness", "similarity", "hit rate"):
@@ -444,13 +433,9 @@ def cmd_freeze(args: argparse.Namespace) -> int:
         (f"{cap} {CAPABILITY_NAMES[cap]}", block) for cap, block in test["by_capability"].items()
     ]
     for label, block in [*rows, ("[bold]overall", test["overall"])]:
-        table.add_row(
-            label,
-            str(block.get("n", "")),
-            fmt_score(fitness(block)),
-            fmt_score(block.get("evidence_similarity")),
-            fmt_score(block.get("evidence_hit_rate")),
-        )
+        table.add_row(label, str(block.get("n", "")), fmt_score(fitness(block)),
+                      fmt_score(block.get("evidence_similarity")),
+                      fmt_score(block.get("evidence_hit_rate")))  # fmt: skip
     out.print(table)
     if test["errors"]:
         out.print(f"[red]{test['errors']} test questions failed[/]")

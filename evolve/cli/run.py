@@ -37,6 +37,12 @@ from evolve.cli.common import (
     task_config,
 )
 from evolve.config import SPLITS, RunConfig, stored_config
+from evolve.datasets.benches import run_split
+from evolve.evolution.archive import fitness
+from evolve.evolution.budget import estimate, read_spend
+from evolve.evolution.manifest import build_manifest
+from evolve.evolution.store import RunNotFound, RunStore
+from evolve.models.llm import LLMError
 from evolve.resources import seed_file
 
 
@@ -180,9 +186,7 @@ def _check_tasks(config: RunConfig) -> None:
         raise UsageError(str(exc)) from None
 
 
-def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from evolve.evolution.store import RunNotFound, RunStore
-
+def _open_run(args: argparse.Namespace) -> tuple[RunStore, dict[str, Any]]:
     try:
         store = RunStore.open(args.runs_dir, args.resume)
     except RunNotFound as exc:
@@ -191,13 +195,8 @@ def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from evolve.evolution.archive import fitness
-    from evolve.evolution.budget import read_spend
     from evolve.evolution.loop import Evolution
-    from evolve.evolution.manifest import build_manifest
-    from evolve.evolution.store import RunStore
     from evolve.executor import EvalError
-    from evolve.models.llm import LLMError
 
     config = _run_config(args)
     _say_splits(config)
@@ -253,8 +252,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _say_splits(config: RunConfig) -> None:
     """One line when the bench's train or valid split is not the one of that name."""
-    from evolve.datasets.benches import run_split
-
     names = {s: run_split(config.bench, Path(config.data_dir), s) for s in SPLITS}
     if any(name != split for split, name in names.items()):
         chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
@@ -262,7 +259,7 @@ def _say_splits(config: RunConfig) -> None:
                   "split; README, Benchmarks)", highlight=False)  # fmt: skip
 
 
-def _say_unrecovered(store: Any) -> None:
+def _say_unrecovered(store: RunStore) -> None:
     """On ``--resume``: how much of the run was lost to damaged files (each named in a warning)."""
     lost = store.damage()
     if lost:
@@ -275,7 +272,6 @@ def _say_unrecovered(store: Any) -> None:
 
 
 def _dry_run(config: RunConfig) -> int:
-    from evolve.evolution.budget import estimate
     from evolve.evolution.loop import workload
 
     work = workload(config)
