@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolve.models.clients import llm_client
 from evolve.models.embed import Embedder, HashingEmbedder
 from evolve.models.llm import LLMClient, ModelConfig, Models
-from evolve.models.testing import ScriptedLLM
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ class WorkerConfig:
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
     reuse: bool = True  # False: no stage output or task reply of another evaluation is reused
-    # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through
-    # ScriptedLLM instead of litellm. Never set from the command line.
+    # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through the
+    # ``scripted`` test double (evolve.models.clients) instead of litellm. Never set from the
+    # command line.
     script: Callable[..., str] | None = None
 
     @property
@@ -71,6 +72,4 @@ def make_llm(config: WorkerConfig) -> LLMClient | None:
     log = Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
     cache = root / "llm-cache.sqlite" if config.reuse else None
     models = Models(task=config.task_model)
-    if config.script is not None:
-        return ScriptedLLM(config.script, models, log_path=log, cache_path=cache)
-    return LLMClient(models, log_path=log, cache_path=cache)
+    return llm_client(models, log_path=log, cache_path=cache, script=config.script)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import evolve.models.testing  # noqa: F401  (registers the test doubles in evolve.models.DOUBLES)
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:

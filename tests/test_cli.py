@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -415,3 +416,31 @@ def test_run_on_empty_input_creates_no_run(
                            "--cache-dir", str(tmp_path / "c"), "--no-progress")  # fmt: skip
     assert_one_error_line(code, err, "nothing was evaluated: beam train (1 conversation) ")
     assert EMPTY_KINDS[kind] in error_lines(err)[0] and not runs.exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda c: {**c, "jobs": "many"}, "jobs: Input should be a valid integer"),
+        (lambda c: {**c, "from_a_newer_version": 1}, "from_a_newer_version: Extra inputs"),
+        (lambda c: {k: v for k, v in c.items() if k != "seed_program"}, "seed_program: Field"),
+        (lambda c: {**c, "task_model": {"name": "x"}}, "task_model.model: Field required"),
+        (lambda c: "not a mapping", "has no usable config in its manifest"),
+    ],
+)
+def test_resume_of_a_damaged_stored_config_is_one_error_line(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Any,
+    message: str,
+):  # fmt: skip
+    """The config a run stored is validated on --resume: a damaged or incompatible one is
+    refused in one line, before anything runs."""
+    from evolve.config import RunConfig
+    from evolve.evolution.store import RunStore
+
+    good = RunConfig(data_dir=str(data_dir), seed_program=DENSE, cache_dir=str(tmp_path / "c"))
+    store = RunStore.create(tmp_path, {"config": damage(good.as_json())}, run_id="damaged")
+    code, _, err = run_cli(capsys, "run", "--resume", "damaged", "--runs-dir", str(tmp_path),
+                           "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, "run damaged")
+    assert message in error_lines(err)[0], err
+    assert not list(store.candidates())  # nothing ran

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from evolve.config import REPAIRS
 from evolve.evolution.budget import calls_path, read_spend
 from evolve.evolution.coder import PatchError, apply_reply, render_request, system_prompt
 from evolve.evolution.loop import Evolution, RunConfig, specialists
-from evolve.evolution.proposer import REPAIRS, Program, Request
+from evolve.evolution.proposer import Program, Request
 from evolve.evolution.store import RunStore
 from evolve.models.llm import LLMError
 from evolve.models.testing import ScriptedLLM

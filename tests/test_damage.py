@@ -1,7 +1,7 @@
 """Damaged files (issue 16, item 4): run-store files, stage-cache entries, the embedding cache.
 
 Each case damages one file the way a crash, a full disk or a hostile edit would, then drives
-the CLI in-process (``evolve.cli.main``): a command that can go on says so in one ``warning:``
+the CLI in-process (``evolve.cli.main.main``): a command that can go on says so in one ``warning:``
 line naming the file and exits 0; one that cannot is one ``error:`` line and exit 2; never a
 traceback. One small real run (seed and one cold-start round on the first conversation of
 each split, hashing embedder, plus a proposed child) is built once; each test damages a copy.
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.evolution.loop import Evolution, RunConfig, task_set
 from evolve.evolution.store import RunStore
 from evolve.executor import evaluate, write_run

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
 from evolve.evolution.archive import fitness
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
@@ -87,7 +87,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
     """Kill `evolve run` at several points (SIGKILL), resume each time, compare the archive."""
-    argv = [sys.executable, "-m", "evolve.cli", "run", "--data-dir", str(data_dir),
+    argv = [sys.executable, "-m", "evolve", "run", "--data-dir", str(data_dir),
             "--rounds", "1,2,1", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
             "--no-progress"]  # fmt: skip

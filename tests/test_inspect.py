@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.evolution.archive import fitness
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.ship import HEADER_MARK, split_preamble

@@ -46,7 +46,7 @@ def alive(pids: set[int]) -> set[int]:
 
 def test_workers_die_with_a_killed_evaluation(data_dir: Path, tmp_path: Path):
     dense = str(ROOT / "seeds" / "dense.py")
-    cmd = [sys.executable, "-m", "evolve.cli", "eval", "--program", dense, "--split", "valid",
+    cmd = [sys.executable, "-m", "evolve", "eval", "--program", dense, "--split", "valid",
            "--data-dir", str(data_dir), "--jobs", "2", "--embedder", "hashing",
            "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
            "--no-progress"]  # fmt: skip

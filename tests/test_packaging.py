@@ -64,7 +64,7 @@ def test_an_installed_wheel_runs_from_outside_the_checkout(
     env = {**os.environ, "PYTHONPATH": str(site)}  # before the editable install's finder
 
     def evolve(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "evolve.cli", *args], cwd=elsewhere,
+        return subprocess.run([sys.executable, "-m", "evolve", *args], cwd=elsewhere,
                               env=env, capture_output=True, text=True)  # fmt: skip
 
     done = evolve("run", "--dry-run", "--data-dir", str(data_dir.resolve()), "--conversations",
@@ -89,7 +89,7 @@ def test_compare_with_nothing_to_compare_is_one_error_line(
     capsys: pytest.CaptureFixture[str],
 ):  # fmt: skip
     import evolve.compare
-    from evolve.cli import main
+    from evolve.cli.main import main
 
     monkeypatch.setattr(evolve.compare, "reference_programs", list)  # no shipped seed found
     code = main(["compare", "--bench", "locomo", "--data-dir", str(data_dir), "--embedder",

@@ -113,7 +113,7 @@ def evolve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The ``evolve`` CLI as a user runs it."""
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     env.pop("OPENAI_API_KEY", None)  # a local server needs none; PrisMem must cope without
-    command = [sys.executable, "-c", "from evolve.cli import main; raise SystemExit(main())"]
+    command = [sys.executable, "-c", "from evolve.cli.main import main; raise SystemExit(main())"]
     return subprocess.run(
         [*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
     )

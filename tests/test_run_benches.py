@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.datasets import benches, locomo
 from evolve.datasets.types import TaskSet
 from evolve.evolution.manifest import sha256_file

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.models import sqlite_connection
-from evolve.models.llm import CALLS_SCHEMA
+from evolve.models.llm import CALLS_SCHEMA, ModelConfig
 
 CALLS_FILE = "calls.sqlite"
 
@@ -189,9 +189,9 @@ JUDGE_PROMPT_CHARS, JUDGE_COMPLETION = 2_000, 40  # a rubric item with the answe
 
 def estimate(
     work: Workload,
-    task: dict[str, Any] | None,
-    coder: dict[str, Any] | None,
-    judge: dict[str, Any] | None = None,
+    task: ModelConfig | None,
+    coder: ModelConfig | None,
+    judge: ModelConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Rows ``{"role", "what", "calls", "prompt_tokens", "completion_tokens", "usd"}``: upper
     bounds (every evaluation recomputes every stage; every round uses all its repairs) and,
@@ -199,15 +199,15 @@ def estimate(
     litellm has no price for. Tokens are characters / 4."""
     rows: list[dict[str, Any]] = []
 
-    def row(role: str, model: dict[str, Any], what: str, calls: int, prompt: int, out: int) -> None:
-        usd = _usd(str(model["model"]), prompt, out)
-        rows.append({"role": role, "model": model["model"], "what": what, "calls": calls,
+    def row(role: str, model: ModelConfig, what: str, calls: int, prompt: int, out: int) -> None:
+        usd = _usd(model.model, prompt, out)
+        rows.append({"role": role, "model": model.model, "what": what, "calls": calls,
                      "prompt_tokens": prompt, "completion_tokens": out, "usd": usd})  # fmt: skip
 
     if task is not None:
         n = work.evaluations
         extract_in = (work.extract_chars + work.extract_windows * EXTRACT_OVERHEAD_CHARS) // 4
-        max_out = int(task["max_tokens"])
+        max_out = task.max_tokens
         extract_out = min(work.extract_windows * max_out, extract_in // 2)
         row("task", task, "extraction (no reuse)", n * work.extract_windows, n * extract_in,
             n * extract_out)  # fmt: skip
@@ -220,7 +220,7 @@ def estimate(
                 calls * JUDGE_COMPLETION)  # fmt: skip
     if coder is not None:
         prompt = work.coder_prompt_chars // CHARS_PER_TOKEN
-        out = int(coder["max_tokens"])
+        out = coder.max_tokens
         row("coder", coder, "proposals, one per round", work.rounds, work.rounds * prompt,
             work.rounds * out // 4)  # fmt: skip
         most = work.rounds * (1 + work.repairs)

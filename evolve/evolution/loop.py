@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evolve.config import SPLITS, STAGES, RunConfig
 from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.types import TaskSet
 from evolve.distributed import Backend, make_backend
@@ -51,58 +51,19 @@ from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_sp
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
 from evolve.evolution.offline import OfflineProposer
-from evolve.evolution.proposer import REPAIRS, Program, Proposal, Proposer, Request
+from evolve.evolution.proposer import Program, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
-from evolve.models.llm import LLMClient, ModelConfig, Models
+from evolve.models.clients import role_client
+from evolve.models.llm import LLMClient
 from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore, fingerprints
 from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport
-
-STAGES = ("cold_start", "refinement", "integration")
-SPLITS = ("train", "valid")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What a run needs; stored (as JSON) in the run manifest."""
-
-    data_dir: str
-    seed_program: str
-    cache_dir: str
-    bench: str = "beam"  # evolve.datasets.benches: the task sets, splits and native labels
-    rounds: dict[str, int] = field(
-        default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
-    )
-    jobs: int = 2
-    backend: str = "local"  # or "ray" (evolve.distributed)
-    ray_address: str | None = None  # None: a local Ray instance
-    rng_seed: int = 0
-    embedder: str = "minilm"
-    conversations: int | None = None  # only the first N conversations of each split (quick runs)
-    task_model: dict[str, Any] | None = None  # a ModelConfig as JSON; None = offline retrieval
-    coder_model: dict[str, Any] | None = None  # None = the offline proposer
-    judge_model: dict[str, Any] | None = None  # scores answers by the benchmark's protocol
-    max_usd: float | None = None
-    max_tokens: int | None = None
-    reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
-    repairs: int = REPAIRS  # repair attempts after a proposal that fails to apply or the sandbox
-    # ablations (design §4): no capabilities; how refinement picks its target; which cases
-    holistic: bool = False
-    selection: str = "dependency"  # or "round-robin"
-    cases: str = "worst"  # or "random"
-
-    def as_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @property
-    def budget(self) -> Budget:
-        return Budget(self.max_usd, self.max_tokens)
 
 
 def best_overall(candidates: list[CandidateMeta]) -> CandidateMeta | None:
@@ -113,6 +74,20 @@ def best_overall(candidates: list[CandidateMeta]) -> CandidateMeta | None:
 def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
     """The specialist per capability (:mod:`evolve.evolution.archive`)."""
     return archive(candidates).specialists
+
+
+def worker_config(
+    config: RunConfig, run_root: Path, stage_label: str, **changes: Any
+) -> WorkerConfig:
+    """What the evaluation workers of a run need (the one place it is built from a config):
+    the run's cache, task model and embedder; LLM calls go to the run's call log, so they
+    count in its spend. ``changes`` override fields (``cache_dir``, ``embedder``, ...)."""
+    fields: dict[str, Any] = {
+        "cache_dir": config.cache_dir, "task_model": config.task_model,
+        "embedder": config.embedder, "stage_label": stage_label,
+        "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
+    }  # fmt: skip
+    return WorkerConfig(**{**fields, **changes})
 
 
 def task_set(config: RunConfig, split: str) -> TaskSet:
@@ -173,42 +148,27 @@ class Evolution:
         self.config = config
         self.progress = progress or (lambda *_: None)
         self.stopped: str | None = None  # why the run stopped before its last round
+        self.budget = Budget(config.max_usd, config.max_tokens)
         injected_coder = coder is not None
-        if coder is None and config.coder_model is not None:
-            coder = LLMClient(
-                Models(coder=ModelConfig(**config.coder_model)),
-                log_path=calls_path(store.root),
-                cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
-            )
+        log, cache = calls_path(store.root), Path(config.cache_dir) / "llm-cache.sqlite"
+        if coder is None:
+            coder = role_client("coder", config.coder_model, log_path=log, cache_path=cache)
         self.coder = coder
         self.proposer: Proposer = (
             CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
         )
         self._backend: Backend | None = None  # started on the first evaluation
-        self.judge = None
-        if config.judge_model is not None:
-            self.judge = LLMClient(
-                Models(judge=ModelConfig(**config.judge_model)),
-                log_path=calls_path(store.root),
-                cache_path=Path(config.cache_dir) / "llm-cache.sqlite" if config.reuse else None,
-            )
-        task = ModelConfig(**config.task_model) if config.task_model else None
-        self.worker = WorkerConfig(
-            cache_dir=config.cache_dir, task_model=task, embedder=config.embedder,
-            stage_label="evolve", script=task_script, calls_log=str(calls_path(store.root)),
-            reuse=config.reuse,
-        )  # fmt: skip
+        self.judge = role_client("judge", config.judge_model, log_path=log,
+                                 cache_path=cache if config.reuse else None)  # fmt: skip
+        self.worker = worker_config(config, store.root, "evolve", script=task_script)
         self._tasks: dict[str, TaskSet] = {}
         self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
         self._labels: dict[str, Labels] | None = None
         # The coder's model labels the tasks; without one (or with an injected coder and no
         # injected annotator) the native map stands in, and the "annotated" event says so.
-        if annotator is None and config.coder_model is not None and not injected_coder:
-            annotator = LLMClient(
-                Models(annotator=ModelConfig(**config.coder_model)),
-                log_path=calls_path(store.root),
-                cache_path=Path(config.cache_dir) / "llm-cache.sqlite",
-            )
+        if annotator is None and not injected_coder:
+            annotator = role_client("annotator", config.coder_model, log_path=log,
+                                    cache_path=cache)  # fmt: skip
         self.annotator = annotator
 
     @property
@@ -246,7 +206,7 @@ class Evolution:
                 done = sum(rounds.values())
                 spend = read_spend(self.store.root)
                 before = spend.total
-                self.stopped = self.config.budget.stop_reason(spend, costs)
+                self.stopped = self.budget.stop_reason(spend, costs)
                 if self.stopped:
                     self.store.log_event("budget_stop", reason=self.stopped, round=done)
                     return self._best()
@@ -388,7 +348,7 @@ class Evolution:
             failures.append(error)
             self.store.log_event("attempt_failed", stage=request.stage, round=request.round_no,
                                  attempt=attempt, error=error)  # fmt: skip
-            spent = self.config.budget.exhausted(read_spend(self.store.root))
+            spent = self.budget.exhausted(read_spend(self.store.root))
             can_repair = attempt < self.config.repairs and not spent
             repaired = self.proposer.repair(request, proposal, error) if can_repair else None
             if repaired is None:

@@ -22,8 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from evolve.config import SPLITS, RunConfig
 from evolve.datasets.benches import run_split, split_files, splits_file
-from evolve.evolution.loop import SPLITS, RunConfig
 from evolve.program import CONTRACT_VERSION
 
 PACKAGES = ("prismem", "numpy", "bm25s", "sentence-transformers", "torch", "litellm",
@@ -62,18 +62,19 @@ def build_manifest(config: RunConfig) -> dict[str, Any]:
     root = Path(config.data_dir)
     seed = Path(config.seed_program)
     split_file = splits_file(config.bench)
+    stored = config.as_json()
     return {
         "bench": config.bench,
         "contract_version": CONTRACT_VERSION,
-        "config": config.as_json(),
+        "config": stored,
         "splits": {split: run_split(config.bench, root, split) for split in SPLITS},
         "splits_file": {"path": split_file.name, "sha256": sha256_file(split_file)},
         "data": {split: data_hashes(config, split) for split in SPLITS},
         "seed": {"path": str(seed), "sha256": sha256_file(seed)},
         "models": {
-            "task": config.task_model,
-            "coder": config.coder_model,
-            "judge": config.judge_model,
+            "task": stored["task_model"],
+            "coder": stored["coder_model"],
+            "judge": stored["judge_model"],
             "embedder": EMBEDDERS.get(config.embedder, config.embedder),
         },
         "packages": package_versions(),

@@ -13,17 +13,15 @@ Invariants:
 - Given the same request, a proposer returns the same proposal (the offline proposer is seeded;
   the coder's replies come from the request cache on a replay), which is what makes an
   interrupted round replay to the same candidate.
-- The loop calls :meth:`Proposer.repair` at most ``RunConfig.repairs`` (default :data:`REPAIRS`)
-  times per round, each time with
-  the error of the previous attempt (the sandbox's repair text, or why a patch did not apply).
+- The loop calls :meth:`Proposer.repair` at most ``RunConfig.repairs`` (default
+  :data:`evolve.config.REPAIRS`) times per round, each time with the error of the previous
+  attempt (the sandbox's repair text, or why a patch did not apply).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-REPAIRS = 3  # repair attempts after a proposal that fails to apply or fails the sandbox
 
 
 @dataclass(frozen=True)

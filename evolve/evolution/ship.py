@@ -1,25 +1,11 @@
-"""Shipping a candidate: freezing it (its one look at the test split) and exporting it.
+"""Shipping a candidate: exporting it as a standalone program file.
 
-Owns the test split's only reader and the format of an exported program file.
+Owns the format of an exported program file and :class:`ShipError`; freezing a candidate (its
+one look at the test split) is :mod:`.freeze`, which needs the evaluation engine that this
+module does not load.
 
 Invariants:
 
-- **Test is read here and nowhere else.** :func:`freeze` is the only code that loads the test
-  split for a run; the loop selects on valid and never sees test. A candidate is scored on test
-  at most once: its test block and ``frozen=True`` are written together in one metadata write
-  (with a ``frozen`` event), and freezing a frozen candidate returns the stored block without
-  evaluating anything. Only an ``evaluated`` candidate can be frozen. Freezing a second
-  candidate of the same run is allowed, but :class:`Frozen` names the others so the caller can
-  warn that comparing several test scores is selection on test.
-- **A test score is complete or absent.** If any test question fails (a program error, or a
-  host killed for time on an overloaded machine), nothing is recorded and the candidate is not
-  frozen: a partial score would describe the machine, not the program. Traces are written to
-  ``freeze-<id>/`` either way, and the stage cache keeps what was computed.
-- **The test tasks match the run's.** Same restriction to the first ``conversations``
-  conversations as the loop's (:func:`evolve.evolution.loop.task_set`), the run's embedder,
-  cache and task model unless the caller overrides them; the block has the shape of train/valid
-  (``overall``, ``by_capability``, ``errors``). The ``frozen`` event records the sha256 of every
-  test data file read, as the manifest does for train and valid.
 - **An export is the candidate plus comments.** The file is the candidate's source byte for byte
   with a block of ``#`` lines inserted after any shebang / encoding line, so its AST — hence its
   stage-cache fingerprints and cached stage outputs — equals the candidate's, and removing the
@@ -30,29 +16,15 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import tempfile
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from evolve.distributed import make_backend
-from evolve.evolution.archive import fitness
-from evolve.evolution.budget import calls_path
-from evolve.evolution.loop import RunConfig, task_set
-from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
-from evolve.executor import EvalError, evaluate, write_run
-from evolve.models.llm import ModelConfig
 from evolve.program import CONTRACT_VERSION
-from evolve.trace import first_error
-from evolve.worker import WorkerConfig
 from sandbox.check import check_program
 
 TEST_SPLIT = "test"
@@ -62,106 +34,6 @@ _CODING = re.compile(r"[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")  # a PEP 263 encodi
 
 class ShipError(Exception):
     """A candidate cannot be frozen or exported; the message is one line for the user."""
-
-
-def candidate_path(store: RunStore, meta: CandidateMeta) -> Path:
-    """The candidate's source file in the run folder (the layout of :mod:`.store`)."""
-    return store.root / "candidates" / f"{meta.id}.py"
-
-
-# --- freeze -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Frozen:
-    """The outcome of :func:`freeze`: the candidate as stored now, whether this call scored it,
-    and the run's other frozen candidates."""
-
-    meta: CandidateMeta
-    scored: bool
-    others: list[str]
-
-    @property
-    def test(self) -> dict[str, Any]:
-        return self.meta.scores[TEST_SPLIT]
-
-
-Progress = Callable[[int], AbstractContextManager[Callable[[int], None]]]
-"""Given the number of questions, a context manager yielding ``advance(n)`` (a progress bar)."""
-
-
-def freeze(
-    store: RunStore,
-    candidate_id: str,
-    *,
-    data_dir: Path | None = None,
-    cache_dir: str | None = None,
-    embedder: str | None = None,
-    jobs: int | None = None,
-    progress: Progress | None = None,
-) -> Frozen:
-    """Mark a candidate final and score it once on test; see the module's invariants. Every
-    keyword defaults to the run config's value."""
-    meta = store.get(candidate_id)
-    others = [c.id for c in store.candidates() if c.frozen and c.id != meta.id]
-    if meta.frozen and TEST_SPLIT in meta.scores:
-        return Frozen(meta, False, others)
-    if meta.status != "evaluated":
-        raise ShipError(
-            f"only an evaluated candidate can be frozen; {store.run_id}/{meta.id} is {meta.status}"
-        )
-    try:
-        config = RunConfig(**store.manifest["config"])
-    except (KeyError, TypeError) as exc:
-        raise ShipError(f"run {store.run_id} has no usable config in its manifest: {exc}") from None
-    root = Path(data_dir or config.data_dir)
-    if not root.is_dir():
-        raise ShipError(f"data directory {root} does not exist; pass --data-dir")
-    worker = WorkerConfig(
-        cache_dir=cache_dir or config.cache_dir,
-        task_model=ModelConfig(**config.task_model) if config.task_model else None,
-        embedder=embedder or config.embedder,
-        stage_label="freeze",
-        calls_log=str(calls_path(store.root)),  # test-split LLM calls count in the run's spend
-    )
-    config = dataclasses.replace(config, data_dir=str(root))
-    tasks = task_set(config, TEST_SPLIT)
-    with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
-        try:
-            report = evaluate(
-                candidate_path(store, meta),
-                tasks,
-                worker,
-                on_progress=advance,
-                backend=make_backend(config.backend, jobs or config.jobs, config.ray_address),
-            )
-        except EvalError as exc:
-            raise ShipError(str(exc)) from None
-    write_run(report, store.root / f"freeze-{meta.id}")  # traces, kept even when refused
-    if report.meta["errors"]:
-        first = first_error(report.traces)
-        raise ShipError(
-            f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
-            f"(first: {first[:200]}); no test score was recorded — stages computed so far are "
-            f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"
-        )
-    block = {
-        "overall": report.scores["overall"],
-        "by_capability": report.scores["by_capability"],
-        "errors": report.meta["errors"],
-    }
-    meta = store.update(meta.id, frozen=True, scores={**meta.scores, TEST_SPLIT: block})
-    store.log_event(
-        "frozen",
-        candidate=meta.id,
-        test=fitness(block["overall"]),
-        conversations=len(tasks.conversations),
-        questions=len(tasks.questions),
-        embedder=worker.embedder,
-        data=data_hashes(config, TEST_SPLIT),
-        others=others,
-    )
-    return Frozen(meta, True, others)
 
 
 # --- export -------------------------------------------------------------------------------

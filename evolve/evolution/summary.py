@@ -1,6 +1,6 @@
 """A run seen from outside: JSON-ready summaries of runs, candidates and their ancestry.
 
-Used by the inspect commands (:mod:`evolve.cli_inspect`) and by exports (:mod:`.ship`). Nothing
+Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.ship`). Nothing
 here writes to a run. Everything is derived from the store on each call — best overall and
 specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own selection),
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
@@ -18,10 +18,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from evolve.config import STAGES
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive, fitness
 from evolve.evolution.budget import read_spend
-from evolve.evolution.loop import STAGES
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
 from evolve.models import damaged, why
 

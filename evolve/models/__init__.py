@@ -14,6 +14,10 @@ process without handlers prints it bare), :func:`is_corrupt` tells a damaged SQL
 busy or unopenable one, :func:`why` says in one line why a file did not load, and
 :func:`set_aside` moves a damaged file out of the way (never deleting it) so that a fresh one
 can take its place.
+
+And owns the registry of test doubles, :data:`DOUBLES`: production code looks a double up by
+name (:func:`double`) and never imports one; the tests fill it (importing
+:mod:`evolve.models.testing` registers its doubles).
 """
 
 from __future__ import annotations
@@ -23,13 +27,30 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BUSY_TIMEOUT_S = 60.0
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
 DAMAGE_LOG = logging.getLogger("evolve.damage")
 
 _local = threading.local()
+
+DOUBLES: dict[str, Callable[..., Any]] = {}
+"""Test doubles by name (``scripted``: an LLM client answering from a script), filled by the
+tests; see :func:`double`."""
+
+
+def double(name: str) -> Callable[..., Any]:
+    """The test double registered as ``name``; LookupError in one line when none is."""
+    try:
+        return DOUBLES[name]
+    except KeyError:
+        raise LookupError(
+            f"no test double {name!r} is registered (tests register them by importing "
+            "evolve.models.testing)"
+        ) from None
 
 
 def sqlite_connection(path: Path, schema: str) -> sqlite3.Connection:

@@ -1,7 +1,10 @@
 """Test doubles for :mod:`evolve.models`, shipped with the library so every test uses the same.
 
 Owns :class:`ScriptedLLM`, :func:`task_script` (a scripted task model) and re-exports
-:class:`~evolve.models.embed.HashingEmbedder`.
+:class:`~evolve.models.embed.HashingEmbedder`. Importing it registers :class:`ScriptedLLM` as the
+``scripted`` double of :data:`evolve.models.DOUBLES` (what
+:func:`evolve.models.clients.llm_client` builds for a script): the test suite imports it, and a
+worker process does when it unpickles :func:`task_script`.
 
 Invariants: the doubles subclass the real classes and replace only the piece that would reach
 a model (``LLMClient._transport``, ``Embedder._encode``), so accounting, caching, retries and
@@ -17,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from evolve.models import DOUBLES
 from evolve.models.embed import HashingEmbedder
 from evolve.models.llm import ROLES, Completion, LLMClient, Message, ModelConfig, Models
 
@@ -98,3 +102,6 @@ def task_script(role: str, stage: str, messages: list[Message]) -> str:
         question = prompt.rsplit("Question: ", 1)[-1].split("\n", 1)[0]
         return json.dumps({"text": question})
     return "This is a scripted answer."
+
+
+DOUBLES["scripted"] = ScriptedLLM

@@ -1,7 +1,9 @@
 """The ``evolve`` commands that inspect and ship a run's candidates.
 
 ``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
-``freeze`` and ``export`` delegate to :mod:`evolve.evolution.ship`; ``report`` writes the HTML
+``freeze`` delegates to :mod:`evolve.evolution.freeze` (imported when it runs: it needs the
+evaluation engine, which the other commands do not load) and ``export`` to
+:mod:`evolve.evolution.ship`; ``report`` writes the HTML
 page of :mod:`evolve.evolution.report` (into the run folder unless ``--out`` says otherwise).
 Parsing and rendering live here; the data comes from :mod:`evolve.evolution.summary` and the
 :class:`~evolve.evolution.store.RunStore`.
@@ -11,7 +13,8 @@ Invariants:
 - One candidate syntax everywhere (:data:`CANDIDATE_HELP`): ``RUN/ID``, ``RUN:ID`` the same,
   or a bare ``ID`` looked up in ``--run RUN``, else in the newest run (said on stderr). ``ID``
   may be any unique prefix of a candidate id.
-- Every expected failure is one ``error:`` line and exit 2 (a :class:`~evolve.cli.UsageError`);
+- Every expected failure is one ``error:`` line and exit 2 (a
+  :class:`~evolve.cli.common.UsageError`);
   the store's RunNotFound / CandidateNotFound / DamagedFile and ship's ShipError are turned
   into one. Damaged candidates the store skips are ``warning:`` lines, and the rest is shown.
 - With ``--json`` a command prints exactly one JSON object on stdout; notes and warnings go to
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,15 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evolve.cli import ProgressBar, UsageError, err, out, positive_int
+from evolve.cli.common import (
+    ProgressBar,
+    UsageError,
+    add_runs_dir,
+    err,
+    fmt_score,
+    out,
+    positive_int,
+)
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import ship, summary
 from evolve.evolution.archive import fitness
@@ -48,17 +58,6 @@ from evolve.evolution.store import (
     RunStore,
 )
 
-COMMANDS: tuple[str, ...] = (
-    "runs",
-    "status",
-    "programs",
-    "show",
-    "diff",
-    "lineage",
-    "freeze",
-    "export",
-    "report",
-)
 CANDIDATE_HELP = (
     "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "
     "--run RUN, else in the newest run"
@@ -73,12 +72,7 @@ def add_commands(sub: Any) -> None:
         parser: argparse.ArgumentParser = sub.add_parser(
             name, help=help, description=help + (f". CANDIDATE is {CANDIDATE_HELP}" if run else "")
         )
-        parser.add_argument(
-            "--runs-dir",
-            type=Path,
-            default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
-            help="where run folders are (default programs/ or $EVOLVE_RUNS)",
-        )
+        add_runs_dir(parser, "where run folders are (default programs/ or $EVOLVE_RUNS)")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         if run:
             parser.add_argument("--run", help="the run a bare candidate ID is looked up in")
@@ -121,19 +115,9 @@ def add_commands(sub: Any) -> None:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "runs": cmd_runs,
-        "status": cmd_status,
-        "programs": cmd_programs,
-        "show": cmd_show,
-        "diff": cmd_diff,
-        "lineage": cmd_lineage,
-        "freeze": cmd_freeze,
-        "export": cmd_export,
-        "report": cmd_report,
-    }
+    """Run one of :data:`COMMANDS`; the store's and ship's errors become a UsageError."""
     try:
-        return commands[args.command](args)
+        return COMMANDS[args.command](args)
     except (UsageError, RunNotFound, CandidateNotFound, DamagedFile, ship.ShipError) as exc:
         raise UsageError(escape(str(exc))) from None  # cli.main prints it as rich markup
 
@@ -175,10 +159,6 @@ def name(store: RunStore, meta: CandidateMeta) -> str:
     return f"{store.run_id}/{meta.id}"
 
 
-def _fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
 def _emit(args: argparse.Namespace, obj: dict[str, Any]) -> bool:
     """Print ``obj`` as JSON when ``--json`` was given; True if it did."""
     if args.json:
@@ -203,7 +183,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         )
     for r in rows:
         cells = (r["id"], r["created_local"] or "—", str(r["candidates"]), r["best"] or "—")
-        table.add_row(*map(Text, cells), _fmt(r["best_valid_fitness"]))
+        table.add_row(*map(Text, cells), fmt_score(r["best_valid_fitness"]))
     out.print(table)
     return 0
 
@@ -234,8 +214,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     best = status["best"]
     if best:
         out.print(
-            f"best overall: {best['id']} valid fitness {_fmt(best['fitness'])} (similarity "
-            f"{_fmt(best['similarity'])}, hit rate {_fmt(best['hit_rate'])})"
+            f"best overall: {best['id']} valid fitness {fmt_score(best['fitness'])} (similarity "
+            f"{fmt_score(best['similarity'])}, hit rate {fmt_score(best['hit_rate'])})"
         )
     if status.get("diagnostics"):
         diag = Table(title="stage diagnostics of the best program (train)")
@@ -244,13 +224,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         for k in keys:
             diag.add_column(k.replace("_", " "), justify="right")
         for group, row in status["diagnostics"].items():
-            diag.add_row(group, *(_fmt(row.get(k)) for k in keys))
+            diag.add_row(group, *(fmt_score(row.get(k)) for k in keys))
         out.print(diag)
     table = Table(title="specialists (best valid fitness on each capability)")
     for column in ("capability", "candidate", "valid fitness"):
         table.add_column(column)
     for cap, s in status["specialists"].items():
-        table.add_row(f"{cap} {s['name']}", s["id"], _fmt(s["valid_fitness"]))
+        table.add_row(f"{cap} {s['name']}", s["id"], fmt_score(s["valid_fitness"]))
     out.print(table)
     counts = ", ".join(f"{n} {s}" for s, n in status["by_status"].items() if n)
     out.print(f"candidates: {status['candidates']} ({counts or 'none'})")
@@ -259,7 +239,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     out.print(
         "frozen: "
         + (
-            ", ".join(f"{f['id']} (test fitness {_fmt(f['test']['fitness'])})" for f in frozen)
+            ", ".join(f"{f['id']} (test fitness {fmt_score(f['test']['fitness'])})" for f in frozen)
             or "none"
         )
     )
@@ -291,8 +271,9 @@ def cmd_programs(args: argparse.Namespace) -> int:
         return 0
     cells = [
         [r["id"] + (" *" if r["frozen"] else ""), r["stage"], r["capability"] or "", r["status"],
-         ", ".join(p.split("-")[0] for p in r["parents"]), _fmt(r["valid_fitness"]),
-         *(_fmt(r["by_capability"].get(cap)) for cap in CAPABILITIES), r["message"][:MESSAGE_WIDTH]]
+         ", ".join(p.split("-")[0] for p in r["parents"]), fmt_score(r["valid_fitness"]),
+         *(fmt_score(r["by_capability"].get(cap)) for cap in CAPABILITIES),
+         r["message"][:MESSAGE_WIDTH]]
         for r in rows
     ]  # fmt: skip
     headers = ["id", "stage", "cap", "status", "parents", "valid", *CAPABILITIES]
@@ -328,7 +309,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     scores = "; ".join(
-        f"{split} {_fmt(fitness(block.get('overall')))}" for split, block in meta.scores.items()
+        f"{split} {fmt_score(fitness(block.get('overall')))}"
+        for split, block in meta.scores.items()
     )
     for field, value in (
         ("stage", meta.stage),
@@ -386,7 +368,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     def label(m: CandidateMeta, repeated: bool) -> Text:
         text = Text(m.id, style="bold")
         text.append(f" {m.stage}" + (f" {m.capability}" if m.capability else ""), style="cyan")
-        text.append(f" {m.status} valid {_fmt(summary.split_fitness(m))}")
+        text.append(f" {m.status} valid {fmt_score(summary.split_fitness(m))}")
         text.append(
             " (shown above)" if repeated else f" — {m.message}", style="dim" if repeated else ""
         )
@@ -419,16 +401,15 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_freeze(args: argparse.Namespace) -> int:
+    from evolve.evolution.freeze import freeze
+
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
-    result = ship.freeze(
-        store,
-        meta.id,
-        data_dir=args.data_dir,
-        cache_dir=args.cache_dir,
-        embedder=args.embedder,
-        jobs=args.jobs,
-        progress=lambda total: ProgressBar(total, not args.no_progress, "test"),
-    )
+
+    def bar(total: int) -> ProgressBar:
+        return ProgressBar(total, not args.no_progress, "test")
+
+    result = freeze(store, meta.id, data_dir=args.data_dir, cache_dir=args.cache_dir,
+                    embedder=args.embedder, jobs=args.jobs, progress=bar)  # fmt: skip
     ref = name(store, result.meta)
     if not result.scored:
         err.print(
@@ -442,16 +423,8 @@ def cmd_freeze(args: argparse.Namespace) -> int:
             highlight=False,
         )
     test = result.test
-    if _emit(
-        args,
-        {
-            "candidate": ref,
-            "scored": result.scored,
-            "other_frozen": result.others,
-            "test_fitness": fitness(test["overall"]),
-            "test": test,
-        },
-    ):
+    if _emit(args, {"candidate": ref, "scored": result.scored, "other_frozen": result.others,
+                    "test_fitness": fitness(test["overall"]), "test": test}):  # fmt: skip
         return 0
     table = Table(title=f"test scores of {ref} (frozen)")
     for column in ("capability", "n", "fitness", "similarity", "hit rate"):
@@ -460,13 +433,9 @@ def cmd_freeze(args: argparse.Namespace) -> int:
         (f"{cap} {CAPABILITY_NAMES[cap]}", block) for cap, block in test["by_capability"].items()
     ]
     for label, block in [*rows, ("[bold]overall", test["overall"])]:
-        table.add_row(
-            label,
-            str(block.get("n", "")),
-            _fmt(fitness(block)),
-            _fmt(block.get("evidence_similarity")),
-            _fmt(block.get("evidence_hit_rate")),
-        )
+        table.add_row(label, str(block.get("n", "")), fmt_score(fitness(block)),
+                      fmt_score(block.get("evidence_similarity")),
+                      fmt_score(block.get("evidence_hit_rate")))  # fmt: skip
     out.print(table)
     if test["errors"]:
         out.print(f"[red]{test['errors']} test questions failed[/]")
@@ -513,3 +482,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     out.print(f"report of run {store.run_id} written to {escape(str(target))}")
     return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "runs": cmd_runs,
+    "status": cmd_status,
+    "programs": cmd_programs,
+    "show": cmd_show,
+    "diff": cmd_diff,
+    "lineage": cmd_lineage,
+    "freeze": cmd_freeze,
+    "export": cmd_export,
+    "report": cmd_report,
+}

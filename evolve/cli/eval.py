@@ -1,134 +1,49 @@
-"""The ``evolve`` command line: parsing, output and exit codes only.
+"""The ``evolve`` commands that evaluate programs: ``eval``, ``compare``, ``check`` and ``data``.
 
-Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``check`` to
-:mod:`sandbox.check`, ``data fetch`` to :mod:`evolve.datasets.fetch`; ``run`` lives in
-:mod:`evolve.cli_run` and the inspect and ship commands in :mod:`evolve.cli_inspect`, which
-share this module's options, progress bar and error handling. Every expected failure
-(bad flag, missing or malformed data, unreadable program) ends with one ``error:`` line on
-stderr and exit status 2 — argparse's own errors included (:class:`Parser`); numeric flags are
-checked by the shared argparse types (:data:`positive_int`, :data:`probability`, ...) and
-program paths by :func:`read_program`; nothing computed before the failure is lost, because
-stage outputs are stored as they are produced. ``check`` exits 1 when a program fails a tier.
-A damaged file that a command works around (:func:`evolve.models.damaged`) is one
-``warning:`` line, once.
+Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``compare`` to
+:mod:`evolve.compare`, ``check`` to :mod:`sandbox.check`, ``data fetch`` to
+:mod:`evolve.datasets.fetch`; what is left here is parsing their flags and rendering their
+results. Errors follow :mod:`evolve.cli.common`: one ``error:`` line and exit status 2;
+``check`` exits 1 when a program fails a tier, ``eval`` when every question failed. The engine
+modules are imported inside the command that runs them, so that the commands that only read a
+run (``evolve runs``, ...) do not load the engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import math
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from evolve.cli.common import (
+    ProgressBar,
+    UsageError,
+    add_run_options,
+    data_dir,
+    default_cache_dir,
+    err,
+    fmt_score,
+    model_flag,
+    out,
+    probability,
+    read_program,
+    task_config,
+)
+from evolve.datasets.benches import load_taskset
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
-from evolve.models import DAMAGE_LOG
-from evolve.models.llm import LLMError
-
-err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
-out = Console(width=None if sys.stdout.isatty() else 160)  # piped tables are not cut at 80
+from evolve.distributed import make_backend
+from evolve.models.clients import role_client
 
 
-class UsageError(Exception):
-    """A bad flag or flag combination."""
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are :class:`UsageError`, so a bad flag ends like every
-    other expected failure: one ``error:`` line and exit status 2 (subcommands inherit it)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-def _bounded(cast: Callable[[str], Any], test: Callable[[Any], bool], what: str) -> Any:
-    """An argparse ``type``: ``cast`` the text, refuse it unless ``test`` holds."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = cast(text)
-        except ValueError:
-            value = None
-        if value is None or not test(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-# The argparse types of every command's numeric flags (one definition, shared).
-positive_int = _bounded(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
-non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
-probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-
-
-def read_program(path: Path, what: str = "program file") -> str:
-    """The text of a program named on the command line; a UsageError says in one line why it
-    cannot be read (missing, a directory, not UTF-8, unreadable)."""
-    if path.is_dir():
-        raise UsageError(f"{what} {path} is a directory, not a .py file")
-    if not path.exists():
-        raise UsageError(f"{what} {path} not found")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"cannot read {what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-
-
-class _DamageLines(logging.Handler):
-    """Prints each damaged-file report of one command once, as one ``warning:`` line."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if text not in self.seen:
-            self.seen.add(text)
-            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
-
-
-_DAMAGE_LINES = _DamageLines()
-
-
-def default_cache_dir() -> Path:
-    base = (
-        os.environ.get("EVOLVE_CACHE")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prismem"
-    )
-    return Path(base)
-
-
-def data_dir(arg: str | None) -> Path:
-    value = arg or os.environ.get("EVOLVE_DATA")
-    if not value:
-        raise UsageError("no data directory: pass --data-dir DIR or set EVOLVE_DATA")
-    path = Path(value).expanduser()
-    if not path.is_dir():
-        raise DataError(f"data directory {path} does not exist")
-    return path
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="evolve", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_eval(sub: Any) -> None:
+    """Register ``eval`` on the ``evolve`` parser's subparsers."""
     ev = sub.add_parser("eval", help="evaluate one memory program on a benchmark split")
     ev.add_argument("--program", required=True, type=Path, help="memory program file (.py)")
     ev.add_argument(
@@ -151,10 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_options(ev)
 
-    from evolve import cli_run
 
-    cli_run.add_command(sub)
-
+def add_compare_check(sub: Any) -> None:
+    """Register ``compare`` and ``check``."""
     cmp_ = sub.add_parser(
         "compare", help="evaluate several programs on one split and print them side by side"
     )
@@ -172,120 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--parent", type=Path, help="the program it was patched from")
     chk.add_argument("--json", action="store_true", help="print one JSON object")
 
-    from evolve import cli_inspect
 
-    cli_inspect.add_commands(sub)
-
+def add_data(sub: Any) -> None:
+    """Register ``data fetch``."""
     data = sub.add_parser("data", help="benchmark data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="download a benchmark release into the data dir")
     fetch.add_argument("bench", choices=["beam"])
     fetch.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     fetch.add_argument("--sizes", default="100K,1M", help="comma-separated: 100K,500K,1M,10M")
-    return parser
-
-
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by the commands that evaluate programs on a benchmark."""
-    from evolve.datasets.benches import BENCHES
-
-    parser.add_argument("--bench", default="beam", choices=list(BENCHES), help="benchmark")
-    parser.add_argument(
-        "--judge",
-        default=None,
-        help="judge LLM (litellm id) that scores answers by the benchmark's protocol; "
-        "without one only the retrieval metrics are scored",
-    )
-    parser.add_argument(
-        "--api-base", default=None, help="API base URL of the models (e.g. a local server)"
-    )
-    parser.add_argument(
-        "--task-max-tokens",
-        type=positive_int,
-        default=1024,
-        help="reply limit of the task model per call (default 1024)",
-    )
-    parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
-    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default 2)")
-    parser.add_argument(
-        "--backend",
-        default="local",
-        choices=["local", "ray"],
-        help="where conversations are evaluated: local processes (default) or a Ray cluster",
-    )
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        help="Ray cluster to join (e.g. auto or ray://head:10001); default: a local instance",
-    )
-    parser.add_argument(
-        "--runs-dir",
-        type=Path,
-        default=Path(os.environ.get("EVOLVE_RUNS", "programs")),
-        help="where run folders go (default programs/ or $EVOLVE_RUNS)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="stage, embedding and LLM caches (default ~/.cache/prismem or $EVOLVE_CACHE)",
-    )
-    parser.add_argument(
-        "--embedder",
-        default="minilm",
-        choices=["minilm", "hashing"],
-        help="'hashing' is a test double: never use it for real results",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    _DAMAGE_LINES.seen.clear()
-    if _DAMAGE_LINES not in DAMAGE_LOG.handlers:
-        DAMAGE_LOG.addHandler(_DAMAGE_LINES)
-    try:
-        args = parser.parse_args(argv)
-        if args.command == "eval":
-            return cmd_eval(args)
-        if args.command == "check":
-            return cmd_check(args)
-        if args.command == "compare":
-            return cmd_compare(args)
-        if args.command == "run":
-            from evolve import cli_run
-
-            return cli_run.cmd_run(args)
-        if args.command != "data":
-            from evolve import cli_inspect
-
-            return cli_inspect.dispatch(args)
-        return cmd_fetch(args)
-    except (UsageError, DataError) as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
-        return 2
-    except LLMError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))} (stage outputs computed so far are kept in "
-                  "the cache)", highlight=False, markup=True)  # fmt: skip
-        return 2
-    except KeyboardInterrupt:
-        err.print("interrupted: stage outputs computed so far are kept in the cache")
-        return 130
-
-
-def task_config(args: argparse.Namespace) -> Any:
-    """The task model from ``--model``, ``--api-base`` and ``--task-max-tokens`` (None: offline)."""
-    if args.model.lower() in ("none", ""):
-        return None
-    from evolve.models.llm import ModelConfig
-
-    return ModelConfig(model=args.model, api_base=args.api_base, max_tokens=args.task_max_tokens)
 
 
 def backend_of(args: argparse.Namespace) -> Any:
     """The evaluation backend of ``--backend/--jobs/--ray-address`` (UsageError if unusable)."""
-    from evolve.distributed import make_backend
-
     try:
         return make_backend(args.backend, args.jobs, args.ray_address)
     except RuntimeError as exc:
@@ -294,17 +107,12 @@ def backend_of(args: argparse.Namespace) -> Any:
 
 def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
     """The LLM client of the judge role (None without a judge); calls logged and cached."""
-    if name is None or name.lower() in ("none", ""):
-        return None
-    from evolve.models.llm import LLMClient, ModelConfig, Models
-
-    judge = ModelConfig(model=name, api_base=api_base, max_tokens=256)
-    return LLMClient(Models(judge=judge), log_path=cache / "llm-calls.sqlite",
-                     cache_path=cache / "llm-cache.sqlite")  # fmt: skip
+    judge = model_flag(name, api_base, max_tokens=256)
+    return role_client("judge", judge, log_path=cache / "llm-calls.sqlite",
+                       cache_path=cache / "llm-cache.sqlite")  # fmt: skip
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from evolve.datasets.benches import load_taskset
     from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
     from evolve.trace import first_error
     from evolve.worker import WorkerConfig
@@ -367,7 +175,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
-    from evolve.datasets.benches import load_taskset
     from evolve.executor import EvalError
     from evolve.worker import WorkerConfig
 
@@ -402,9 +209,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         table.add_column(column, justify="left" if column == "program" else "right")
     for r in rows:
         table.add_row(
-            Path(r["program"]).stem, _fmt(r["fitness"]),
-            *(_fmt(r["by_capability"].get(c)) for c in caps),
-            _fmt(r["evidence_similarity"]), _fmt(r["evidence_hit_rate"]),
+            Path(r["program"]).stem, fmt_score(r["fitness"]),
+            *(fmt_score(r["by_capability"].get(c)) for c in caps),
+            fmt_score(r["evidence_similarity"]), fmt_score(r["evidence_hit_rate"]),
             _num(r["context_chars"]), _num(r["context_tokens"]),
             _num(r["retrieve_ms_p50"], 1), _num(r["retrieve_ms_p95"], 1),
         )  # fmt: skip
@@ -460,35 +267,6 @@ def _confirm_fetch(exc: DataError) -> bool:
     return input("Download BEAM 100K and 1M now? [y/N] ").strip().lower() in ("y", "yes")
 
 
-class ProgressBar:
-    """A rich progress bar (or nothing), as a context manager yielding
-    ``advance(n, description=None)``."""
-
-    def __init__(self, total: int, enabled: bool, label: str = "evaluating") -> None:
-        self.total, self.enabled, self.label = total, enabled, label
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
-
-    def __enter__(self) -> Any:
-        if not self.enabled:
-            return lambda n, description=None: None
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-
-        def advance(n: int, description: str | None = None) -> None:
-            self.bar.update(task, advance=n, description=description or self.label)
-
-        return advance
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.stop()
-
-
-def _fmt(value: Any) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
 def _score_table(title: str, label: str, rows: dict[str, Any], metrics: list[str]) -> Table:
     table = Table(title=title)
     table.add_column(label)
@@ -496,7 +274,7 @@ def _score_table(title: str, label: str, rows: dict[str, Any], metrics: list[str
     for m in metrics:
         table.add_column(m.replace("_", " "), justify="right")
     for name, row in rows.items():
-        table.add_row(name, str(row["n"]), *(_fmt(row.get(m)) for m in metrics))
+        table.add_row(name, str(row["n"]), *(fmt_score(row.get(m)) for m in metrics))
     return table
 
 
@@ -533,9 +311,3 @@ def _print_report(report: dict[str, Any]) -> None:
     if meta["errors"]:
         out.print(f"[red]{meta['errors']} questions failed[/] — see {meta.get('traces')}")
     out.print(f"traces: {meta.get('traces')}")
-
-
-if __name__ == "__main__":  # `python -m evolve.cli`: the package's module, so one UsageError
-    from evolve.cli import main as package_main
-
-    sys.exit(package_main())

@@ -1,29 +1,34 @@
 """The ``evolve run`` command: build or reopen a run, estimate it, run the loop, report.
 
 Parsing and output only; the loop is :mod:`evolve.evolution.loop`, the manifest
-:mod:`evolve.evolution.manifest`, the estimate and caps :mod:`evolve.evolution.budget`. Errors
-follow :mod:`evolve.cli`: one ``error:`` line and exit status 2 (:class:`~evolve.cli.UsageError`);
-a run stopped by an error or a cap keeps everything it computed and resumes with ``--resume``,
-which names every damaged file it could not recover and continues with the rest.
+:mod:`evolve.evolution.manifest`, the estimate and caps :mod:`evolve.evolution.budget`. The
+config is :class:`evolve.config.RunConfig`; on ``--resume`` the stored one is validated first
+(:func:`evolve.config.stored_config`), so a damaged or incompatible run is one error line.
+Errors follow :mod:`evolve.cli.common`: one ``error:`` line and exit status 2
+(:class:`~evolve.cli.common.UsageError`); a run stopped by an error or a cap keeps everything it
+computed and resumes with ``--resume``, which names every damaged file it could not recover and
+continues with the rest. The engine modules are imported inside the functions that use them,
+so that the commands that only read a run do not load the engine.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from evolve.cli import (
+from evolve.cli.common import (
     ProgressBar,
     UsageError,
     add_run_options,
     data_dir,
     default_cache_dir,
     err,
+    fmt_score,
+    model_flag,
     non_negative_float,
     non_negative_int,
     out,
@@ -31,6 +36,13 @@ from evolve.cli import (
     read_program,
     task_config,
 )
+from evolve.config import SPLITS, RunConfig, stored_config
+from evolve.datasets.benches import run_split
+from evolve.evolution.archive import fitness
+from evolve.evolution.budget import estimate, read_spend
+from evolve.evolution.manifest import build_manifest
+from evolve.evolution.store import RunNotFound, RunStore
+from evolve.models.llm import LLMError
 from evolve.resources import seed_file
 
 
@@ -113,18 +125,8 @@ def add_command(sub: Any) -> None:
     add_run_options(run)
 
 
-def _model(name: str | None, api_base: str | None, **params: Any) -> dict[str, Any] | None:
-    if name is None or name.lower() in ("none", ""):
-        return None
-    from evolve.models.llm import ModelConfig
-
-    return ModelConfig(model=name, api_base=api_base, **params).model_dump()
-
-
-def _run_config(args: argparse.Namespace) -> Any:
+def _run_config(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
-    from evolve.evolution.loop import RunConfig
-
     try:
         counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
     except ValueError:
@@ -140,16 +142,15 @@ def _run_config(args: argparse.Namespace) -> Any:
         if getattr(args, k) is not None
     }
     if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
-        config = RunConfig(**_open_run(args)[1]["config"])
+        config = stored_config(_open_run(args)[1], args.resume)
         if args.rounds:
             caps["rounds"] = rounds
-        return dataclasses.replace(config, **caps)
-    task_model = task_config(args)
-    task = task_model.model_dump() if task_model else None
+        return config.replace(**caps)
+    task = task_config(args)
     from evolve.evolution.coder import MAX_TOKENS
 
     coder_id = args.model if args.coder is None else args.coder
-    coder = _model(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
+    coder = model_flag(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
     default_seed = "simple.py" if coder else "hybrid.py"
     seed = args.seed or seed_file(default_seed)
     read_program(Path(seed), "seed program")
@@ -158,7 +159,7 @@ def _run_config(args: argparse.Namespace) -> Any:
         cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
-        coder_model=coder, judge_model=_model(args.judge, args.api_base, max_tokens=256),
+        coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         reuse=not args.no_reuse, **caps,
     )  # fmt: skip
@@ -173,9 +174,9 @@ def _check_seed(seed: str) -> None:
         raise UsageError(f"seed program {seed}: {report.repair_text()}")
 
 
-def _check_tasks(config: Any) -> None:
+def _check_tasks(config: RunConfig) -> None:
     """Refuse, before a run is created, splits that leave nothing to evaluate."""
-    from evolve.evolution.loop import SPLITS, task_set
+    from evolve.evolution.loop import task_set
     from evolve.executor import EvalError, check_evaluable
 
     try:
@@ -185,13 +186,7 @@ def _check_tasks(config: Any) -> None:
         raise UsageError(str(exc)) from None
 
 
-def _score(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
-def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from evolve.evolution.store import RunNotFound, RunStore
-
+def _open_run(args: argparse.Namespace) -> tuple[RunStore, dict[str, Any]]:
     try:
         store = RunStore.open(args.runs_dir, args.resume)
     except RunNotFound as exc:
@@ -200,13 +195,8 @@ def _open_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from evolve.evolution.archive import fitness
-    from evolve.evolution.budget import read_spend
     from evolve.evolution.loop import Evolution
-    from evolve.evolution.manifest import build_manifest
-    from evolve.evolution.store import RunStore
     from evolve.executor import EvalError
-    from evolve.models.llm import LLMError
 
     config = _run_config(args)
     _say_splits(config)
@@ -222,7 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
                   f"proposer mutates {seed}'s tunable constants (run {store.run_id})")  # fmt: skip
     else:
-        err.print(f"coder {config.coder_model['model']} revises {seed} (run {store.run_id})")
+        err.print(f"coder {config.coder_model.model} revises {seed} (run {store.run_id})")
     if config.task_model is None:
         err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
@@ -243,7 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     seed_meta = next(c for c in store.candidates() if c.stage == "seed")
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
-        sim, hit = _score(v["evidence_similarity"]), _score(v["evidence_hit_rate"])
+        sim, hit = fmt_score(v["evidence_similarity"]), fmt_score(v["evidence_hit_rate"])
         out.print(f"{label} {meta.id}: valid fitness {fitness(v):.3f} "
                   f"(similarity {sim}, hit rate {hit})")  # fmt: skip
     spend = read_spend(store.root).total
@@ -260,11 +250,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_splits(config: Any) -> None:
+def _say_splits(config: RunConfig) -> None:
     """One line when the bench's train or valid split is not the one of that name."""
-    from evolve.datasets.benches import run_split
-    from evolve.evolution.loop import SPLITS
-
     names = {s: run_split(config.bench, Path(config.data_dir), s) for s in SPLITS}
     if any(name != split for split, name in names.items()):
         chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
@@ -272,7 +259,7 @@ def _say_splits(config: Any) -> None:
                   "split; README, Benchmarks)", highlight=False)  # fmt: skip
 
 
-def _say_unrecovered(store: Any) -> None:
+def _say_unrecovered(store: RunStore) -> None:
     """On ``--resume``: how much of the run was lost to damaged files (each named in a warning)."""
     lost = store.damage()
     if lost:
@@ -284,8 +271,7 @@ def _say_unrecovered(store: Any) -> None:
                   highlight=False)  # fmt: skip
 
 
-def _dry_run(config: Any) -> int:
-    from evolve.evolution.budget import estimate
+def _dry_run(config: RunConfig) -> int:
     from evolve.evolution.loop import workload
 
     work = workload(config)

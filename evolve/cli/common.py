@@ -1,0 +1,226 @@
+"""What every ``evolve`` command shares: errors, consoles, progress, shared options, flag types.
+
+Owns :class:`UsageError` and :class:`Parser` (argparse errors become one ``error:`` line and
+exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar`, the shared
+options of the commands that evaluate programs (:func:`add_run_options`) and the runs-dir
+default (:func:`add_runs_dir`), the argparse types of numeric flags (:data:`positive_int`,
+:data:`probability`, ...), program paths (:func:`read_program`), the model flags
+(:func:`model_flag`: ``none`` or an empty name means no model), score formatting
+(:func:`fmt_score`) and the damaged-file warning handler (:func:`report_damage`).
+
+Invariants: nothing here imports a command module or the evaluation engine, so every command
+module imports this one and nothing imports back; an error stays one line whatever the
+terminal width; a damaged file is one ``warning:`` line per command, however often it is hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from evolve.datasets.benches import BENCHES
+from evolve.datasets.types import DataError
+from evolve.models import DAMAGE_LOG
+from evolve.models.llm import ModelConfig
+
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
+out = Console(width=None if sys.stdout.isatty() else 160)  # piped tables are not cut at 80
+
+
+class UsageError(Exception):
+    """A bad flag or flag combination."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`UsageError`, so a bad flag ends like every
+    other expected failure: one ``error:`` line and exit status 2 (subcommands inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _bounded(cast: Callable[[str], Any], test: Callable[[Any], bool], what: str) -> Any:
+    """An argparse ``type``: ``cast`` the text, refuse it unless ``test`` holds."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+# The argparse types of every command's numeric flags (one definition, shared).
+positive_int = _bounded(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def read_program(path: Path, what: str = "program file") -> str:
+    """The text of a program named on the command line; a UsageError says in one line why it
+    cannot be read (missing, a directory, not UTF-8, unreadable)."""
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory, not a .py file")
+    if not path.exists():
+        raise UsageError(f"{what} {path} not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"cannot read {what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def model_flag(name: str | None, api_base: str | None, **params: Any) -> ModelConfig | None:
+    """The model a ``--model`` / ``--coder`` / ``--judge`` flag names; None for no flag,
+    ``none`` or an empty name (the offline mode of that role)."""
+    if name is None or name.lower() in ("none", ""):
+        return None
+    return ModelConfig(model=name, api_base=api_base, **params)
+
+
+def fmt_score(value: float | None) -> str:
+    """A score as the tables print it: three decimals, or a dash where there is none."""
+    return "—" if value is None else f"{value:.3f}"
+
+
+class _DamageLines(logging.Handler):
+    """Prints each damaged-file report of one command once, as one ``warning:`` line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text not in self.seen:
+            self.seen.add(text)
+            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+
+
+_DAMAGE_LINES = _DamageLines()
+
+
+def report_damage() -> None:
+    """From now on, print each damaged-file report once as a ``warning:`` line (one command)."""
+    _DAMAGE_LINES.seen.clear()
+    if _DAMAGE_LINES not in DAMAGE_LOG.handlers:
+        DAMAGE_LOG.addHandler(_DAMAGE_LINES)
+
+
+def default_cache_dir() -> Path:
+    base = (
+        os.environ.get("EVOLVE_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prismem"
+    )
+    return Path(base)
+
+
+def data_dir(arg: str | None) -> Path:
+    value = arg or os.environ.get("EVOLVE_DATA")
+    if not value:
+        raise UsageError("no data directory: pass --data-dir DIR or set EVOLVE_DATA")
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise DataError(f"data directory {path} does not exist")
+    return path
+
+
+def add_runs_dir(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--runs-dir``: where run folders are (default ``programs/`` or ``$EVOLVE_RUNS``)."""
+    default = Path(os.environ.get("EVOLVE_RUNS", "programs"))
+    parser.add_argument("--runs-dir", type=Path, default=default, help=help)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that evaluate programs on a benchmark."""
+    parser.add_argument("--bench", default="beam", choices=list(BENCHES), help="benchmark")
+    parser.add_argument(
+        "--judge",
+        default=None,
+        help="judge LLM (litellm id) that scores answers by the benchmark's protocol; "
+        "without one only the retrieval metrics are scored",
+    )
+    parser.add_argument(
+        "--api-base", default=None, help="API base URL of the models (e.g. a local server)"
+    )
+    parser.add_argument(
+        "--task-max-tokens",
+        type=positive_int,
+        default=1024,
+        help="reply limit of the task model per call (default 1024)",
+    )
+    parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=["local", "ray"],
+        help="where conversations are evaluated: local processes (default) or a Ray cluster",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join (e.g. auto or ray://head:10001); default: a local instance",
+    )
+    add_runs_dir(parser, "where run folders go (default programs/ or $EVOLVE_RUNS)")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="stage, embedding and LLM caches (default ~/.cache/prismem or $EVOLVE_CACHE)",
+    )
+    parser.add_argument(
+        "--embedder",
+        default="minilm",
+        choices=["minilm", "hashing"],
+        help="'hashing' is a test double: never use it for real results",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def task_config(args: argparse.Namespace) -> ModelConfig | None:
+    """The task model from ``--model``, ``--api-base`` and ``--task-max-tokens`` (None: offline)."""
+    return model_flag(args.model, args.api_base, max_tokens=args.task_max_tokens)
+
+
+class ProgressBar:
+    """A rich progress bar (or nothing), as a context manager yielding
+    ``advance(n, description=None)``."""
+
+    def __init__(self, total: int, enabled: bool, label: str = "evaluating") -> None:
+        self.total, self.enabled, self.label = total, enabled, label
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return lambda n, description=None: None
+        self.bar.start()
+        task = self.bar.add_task(self.label, total=self.total)
+
+        def advance(n: int, description: str | None = None) -> None:
+            self.bar.update(task, advance=n, description=description or self.label)
+
+        return advance
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()

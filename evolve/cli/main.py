@@ -1,0 +1,66 @@
+"""The ``evolve`` command line: parsing, output and exit codes only.
+
+Owns the parser (:func:`build_parser`) and the dispatch (:func:`main`, the console script and
+``python -m evolve``). The commands live in :mod:`evolve.cli.eval` (``eval``, ``compare``,
+``check``, ``data``), :mod:`evolve.cli.run` (``run``) and :mod:`evolve.cli.inspect` (the
+commands that inspect and ship a run), which share :mod:`evolve.cli.common`; imports go one way,
+from this module down to the command modules and from them to ``common``.
+
+Every expected failure (bad flag, missing or malformed data, unreadable program, a run whose
+stored configuration does not load) ends with one ``error:`` line on stderr and exit status 2
+— argparse's own errors included (:class:`~evolve.cli.common.Parser`); nothing computed before
+the failure is lost, because stage outputs are stored as they are produced. A damaged file that
+a command works around (:func:`evolve.models.damaged`) is one ``warning:`` line, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from rich.markup import escape
+
+from evolve.cli import eval as eval_commands
+from evolve.cli import inspect, run
+from evolve.cli.common import Parser, UsageError, err, report_damage
+from evolve.config import ConfigError
+from evolve.datasets.types import DataError
+from evolve.models.llm import LLMError
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "eval": eval_commands.cmd_eval,
+    "run": run.cmd_run,
+    "compare": eval_commands.cmd_compare,
+    "check": eval_commands.cmd_check,
+    **{name: inspect.dispatch for name in inspect.COMMANDS},
+    "data": eval_commands.cmd_fetch,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="evolve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    eval_commands.add_eval(sub)
+    run.add_command(sub)
+    eval_commands.add_compare_check(sub)
+    inspect.add_commands(sub)
+    eval_commands.add_data(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    report_damage()
+    try:
+        args = parser.parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UsageError, DataError, ConfigError) as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+        return 2
+    except LLMError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))} (stage outputs computed so far are kept in "
+                  "the cache)", highlight=False, markup=True)  # fmt: skip
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted: stage outputs computed so far are kept in the cache")
+        return 130

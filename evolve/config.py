@@ -1,0 +1,92 @@
+"""A run's configuration: :class:`RunConfig`, what an ``evolve run`` is started with.
+
+Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per evolution stage,
+where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the
+budget caps, the repair attempts per round (:data:`REPAIRS` by default) and the ablations),
+the evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run
+evaluates on (:data:`SPLITS`). The run manifest stores the
+config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
+
+Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
+unknown keys, wrong types and values outside their choices are refused, and a stored config
+that does not validate is a :class:`ConfigError` with one line saying what is wrong (a damaged
+or incompatible run is never resumed or frozen on a guess). This module imports no part of the
+engine, so the commands that only read a run do not load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+
+from evolve.models import why
+from evolve.models.llm import ModelConfig
+
+STAGES = ("cold_start", "refinement", "integration")
+SPLITS = ("train", "valid")
+REPAIRS = 3  # repair attempts after a proposal that fails to apply or fails the sandbox
+
+
+class ConfigError(ValueError):
+    """A stored run configuration is damaged or incompatible; the message is one line."""
+
+
+class RunConfig(BaseModel):
+    """What a run needs; stored (as JSON) in the run manifest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_dir: str
+    seed_program: str
+    cache_dir: str
+    bench: str = "beam"  # evolve.datasets.benches: the task sets, splits and native labels
+    rounds: dict[str, NonNegativeInt] = Field(
+        default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
+    )
+    jobs: PositiveInt = 2
+    backend: Literal["local", "ray"] = "local"  # evolve.distributed
+    ray_address: str | None = None  # None: a local Ray instance
+    rng_seed: int = 0
+    embedder: Literal["minilm", "hashing"] = "minilm"
+    conversations: PositiveInt | None = None  # only the first N conversations of each split
+    task_model: ModelConfig | None = None  # None = offline retrieval
+    coder_model: ModelConfig | None = None  # None = the offline proposer
+    judge_model: ModelConfig | None = None  # scores answers by the benchmark's protocol
+    max_usd: float | None = Field(default=None, ge=0)
+    max_tokens: NonNegativeInt | None = None
+    reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
+    repairs: NonNegativeInt = REPAIRS  # repair attempts after a proposal that fails
+    # ablations (design §4): no capabilities; how refinement picks its target; which cases
+    holistic: bool = False
+    selection: Literal["dependency", "round-robin"] = "dependency"
+    cases: Literal["worst", "random"] = "worst"
+
+    @field_validator("rounds")
+    @classmethod
+    def _known_stages(cls, rounds: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(rounds) - set(STAGES))
+        if unknown:
+            raise ValueError(f"unknown stages {unknown}; stages are {', '.join(STAGES)}")
+        return rounds
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """This config with ``changes``, validated like a new one."""
+        return RunConfig.model_validate({**self.model_dump(), **changes})
+
+
+def stored_config(manifest: dict[str, Any], run_id: str) -> RunConfig:
+    """The config a run's manifest holds; ConfigError (one line) when it is missing, damaged or
+    from an incompatible version."""
+    stored = manifest.get("config")
+    if not isinstance(stored, dict):
+        raise ConfigError(f"run {run_id} has no usable config in its manifest")
+    try:
+        return RunConfig.model_validate(stored)
+    except ValueError as exc:
+        raise ConfigError(
+            f"run {run_id}: the config in its manifest is damaged or incompatible ({why(exc)})"
+        ) from None

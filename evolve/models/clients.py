@@ -1,0 +1,42 @@
+"""The one place LLM clients are built: a role's model, its call log and its response cache.
+
+Every client of the package — the task model in the evaluation workers, the judge of
+``evolve eval`` and of a run, a run's coder and annotator — comes from :func:`llm_client` or
+:func:`role_client`. A client that answers from a script (tests only) is the ``scripted`` test
+double of the registry :data:`evolve.models.DOUBLES`, which the tests fill (importing
+:mod:`evolve.models.testing` registers its doubles); this module never imports a double.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from evolve.models import double
+from evolve.models.llm import LLMClient, ModelConfig, Models
+
+
+def llm_client(
+    models: Models,
+    *,
+    log_path: Path | None,
+    cache_path: Path | None,
+    script: Callable[..., str] | None = None,
+) -> LLMClient:
+    """A client of ``models``, logging each call to ``log_path`` and caching replies in
+    ``cache_path`` (None: no log / no cache); with ``script``, the ``scripted`` double."""
+    if script is not None:
+        client: LLMClient = double("scripted")(
+            script, models, log_path=log_path, cache_path=cache_path
+        )
+        return client
+    return LLMClient(models, log_path=log_path, cache_path=cache_path)
+
+
+def role_client(
+    role: str, model: ModelConfig | None, *, log_path: Path | None, cache_path: Path | None
+) -> LLMClient | None:
+    """The client of one role (``coder``, ``judge``, ...) with ``model``; None without one."""
+    if model is None:
+        return None
+    return llm_client(Models(**{role: model}), log_path=log_path, cache_path=cache_path)
