@@ -42,13 +42,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evolve.datasets.types import Conversation, Question, Segment
+from contract.records import conform
+from contract.spec import COMPONENTS, CONTRACT_VERSION, INSTRUCTIONS, OUT_CHAR_BUDGET
+from contract.types import BackendError, ContractError, Segment
+from evolve.datasets.types import Conversation, Question
 from evolve.diagnostics import question_diagnostics
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, HashingEmbedder, library_versions
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
-from evolve.program import CONTRACT_VERSION, OUT_CHAR_BUDGET, BackendError, ContractError, conform
-from evolve.stagecache import COMPONENTS, StageKeys, StageStore, fingerprints
+from evolve.stagecache import StageKeys, StageStore
+from sandbox.fingerprint import fingerprints
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 from sandbox.wire import pack_array
 
@@ -309,7 +312,7 @@ class _Run:
             "additionalProperties": False,
         }
         prompt = EXTRACT_PROMPT.format(
-            instruction=_instruction(self.source, "EXTRACTION_INSTRUCTION"),
+            instruction=_instruction(self.source, INSTRUCTIONS["extract"]),
             schema=json.dumps(wrapper),
             window=window.render(),
         )
@@ -413,7 +416,7 @@ class _Run:
         if self.llm is not None:
             schema = self.schema("Query")
             prompt = PLAN_PROMPT.format(
-                instruction=_instruction(self.source, "PLANNING_INSTRUCTION"),
+                instruction=_instruction(self.source, INSTRUCTIONS["plan"]),
                 schema=json.dumps(schema),
                 question=q.question,
                 when=PLAN_DATE.format(date=q.question_date) if q.question_date else "",
@@ -464,7 +467,7 @@ class _Run:
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None
         prompt = ANSWER_PROMPT.format(
-            instruction=_instruction(self.source, "ANSWER_INSTRUCTION"),
+            instruction=_instruction(self.source, INSTRUCTIONS["answer"]),
             retrieved=retrieved,
             today=ANSWER_DATE.format(date=q.question_date) if q.question_date else "",
             question=q.posed,

@@ -11,19 +11,16 @@ from typing import Optional
 
 import pytest
 
-from evolve.program import (
-    ContractError,
+from contract.program import Program, check_names, check_shapes, load_program
+from contract.records import (
     FieldSpec,
-    Program,
     RecordError,
     build_record,
-    check_names,
-    check_shapes,
     field_specs,
     json_schema,
-    load_program,
     validate_record,
 )
+from contract.types import ContractError
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
 SEEDS = ("simple", "dense", "hybrid", "prism", "ariadne")

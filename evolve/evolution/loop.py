@@ -55,12 +55,13 @@ from evolve.evolution.proposer import REPAIRS, Program, Proposal, Proposer, Requ
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, evaluate, sandbox_check
+from evolve.executor import EvalError, evaluate
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.scoring.answers import make_scorer
-from evolve.stagecache import StageKeys, StageStore, fingerprints
+from evolve.stagecache import StageKeys, StageStore
 from evolve.worker import WorkerConfig, evaluator_version, extraction_windows, make_embedder
-from sandbox.check import CheckReport
+from sandbox.check import CheckReport, check_program
+from sandbox.fingerprint import fingerprints
 
 STAGES = ("cold_start", "refinement", "integration")
 SPLITS = ("train", "valid")
@@ -379,7 +380,7 @@ class Evolution:
         for attempt in range(self.config.repairs + 1):
             report = None
             if proposal.source is not None:
-                report = sandbox_check(proposal.source, "candidate", request.parent.source)
+                report = check_program(proposal.source, "candidate", request.parent.source)
                 if report.passed:
                     return proposal, report, failures
             error = report.repair_text() if report else (proposal.error or "no program")
@@ -399,10 +400,9 @@ class Evolution:
         judged is left as it is."""
         if candidate.status in ("evaluated", "rejected", "failed"):
             return
-        source = self.store.source(candidate.id)
         if report is None:
-            report = sandbox_check(source, candidate.id, None)
-        if not report.passed:
+            report = check_program(self.store.source(candidate.id), candidate.id)
+        if report.program is None:
             self.store.update(
                 candidate.id,
                 status="rejected",
@@ -410,7 +410,8 @@ class Evolution:
                 message=f"{candidate.message} [rejected: {report.repair_text()}]",
             )
             return
-        path = self.store.root / "candidates" / f"{candidate.id}.py"
+        path = str(self.store.source_path(candidate.id))
+        program = dataclasses.replace(report.program, path=path)  # checked before it had a file
         scores: dict[str, dict[str, Any]] = {}
         usage = dict(candidate.usage)
         seconds = 0.0
@@ -419,7 +420,7 @@ class Evolution:
                 # stage diagnostics steer cold start: computed for the seed and its revisions
                 diagnose = split == "train" and candidate.stage in ("seed", "cold_start")
                 worker = dataclasses.replace(self.worker, diagnose=diagnose)
-                result = evaluate(path, self.tasks(split), worker, judge=self.judge,
+                result = evaluate(program, self.tasks(split), worker, judge=self.judge,
                                   backend=self.backend)  # fmt: skip
                 scores[split] = {
                     "overall": result.scores["overall"],

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from contract.spec import CONTRACT_VERSION
 from evolve.distributed import make_backend
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import calls_path
@@ -50,7 +51,6 @@ from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
 from evolve.executor import EvalError, evaluate, write_run
 from evolve.models.llm import ModelConfig
-from evolve.program import CONTRACT_VERSION
 from evolve.worker import WorkerConfig
 from sandbox.check import check_program
 
@@ -61,11 +61,6 @@ _CODING = re.compile(r"[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")  # a PEP 263 encodi
 
 class ShipError(Exception):
     """A candidate cannot be frozen or exported; the message is one line for the user."""
-
-
-def candidate_path(store: RunStore, meta: CandidateMeta) -> Path:
-    """The candidate's source file in the run folder (the layout of :mod:`.store`)."""
-    return store.root / "candidates" / f"{meta.id}.py"
 
 
 # --- freeze -------------------------------------------------------------------------------
@@ -128,7 +123,7 @@ def freeze(
     with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
         try:
             report = evaluate(
-                candidate_path(store, meta),
+                store.source_path(meta.id),
                 tasks,
                 worker,
                 on_progress=advance,

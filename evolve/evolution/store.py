@@ -12,6 +12,8 @@ Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
 
 Invariants:
 
+- Only this module knows the layout: other code asks for :meth:`RunStore.source_path` and
+  :meth:`RunStore.traces_path`.
 - Every file write is atomic: a temporary ``.tmp-*`` file in the same folder, fsync,
   ``os.replace``, fsync of the folder. Readers see the old file or the new one, never a torn
   one. A crash may leave a ``.tmp-*`` file or a ``.py`` without its ``.json``; neither is
@@ -314,17 +316,25 @@ class RunStore:
         problem = self._source_problem(meta)
         if problem:
             raise DamagedFile(problem)
-        return (self._candidates / f"{meta.id}.py").read_bytes().decode()
+        return self.source_path(meta.id).read_bytes().decode()
+
+    def source_path(self, candidate_id: str) -> Path:
+        """The file holding a candidate's source (by id or unique prefix)."""
+        return self._meta_path(candidate_id).with_suffix(".py")
+
+    def traces_path(self, candidate_id: str, split: str) -> Path:
+        """The file holding a candidate's traces on ``split`` (by id or unique prefix)."""
+        return self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
 
     def write_traces(self, candidate_id: str, split: str, traces: list[dict[str, Any]]) -> None:
         """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
         lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
-        path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
+        path = self.traces_path(candidate_id, split)
         _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
 
     def traces(self, candidate_id: str, split: str) -> list[dict[str, Any]]:
         """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
-        path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
+        path = self.traces_path(candidate_id, split)
         try:
             text = gzip.decompress(path.read_bytes()).decode("utf-8")
         except FileNotFoundError:
