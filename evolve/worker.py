@@ -18,10 +18,10 @@ Invariants:
   and counters (``failed``). After the host dies, the conversation's remaining questions fail
   with the same reason.
 - LLM outputs are validated here against the schemas the host rendered from the program
-  (:func:`evolve.program.conform`), then again in the host when they become records.
-- Offline mode (no task model) uses the stand-ins of :mod:`evolve.program`: one unit per
+  (:func:`contract.records.conform`), then again in the host when they become records.
+- Offline mode (no task model) uses the stand-ins of :mod:`contract.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
-- Retrieved text is cut to :data:`~evolve.program.OUT_CHAR_BUDGET`; the trace says when.
+- Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; the trace says when.
 - Every stage key carries :func:`evaluator_version` (prompt texts, extraction window,
   truncation, library and embedding-model versions), so a changed evaluator reuses nothing.
 - ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the stage outputs

@@ -1,4 +1,5 @@
-"""evolve/program.py: loading, the contract checks, schemas, validation, offline records."""
+"""contract/program.py and contract/records.py: loading, the contract checks, schemas, validation,
+offline records."""
 
 from __future__ import annotations
 
