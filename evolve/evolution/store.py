@@ -26,13 +26,14 @@ Invariants:
   its row, a row behind an update). Events live only in SQLite: losing ``index.sqlite`` loses
   the event log, never a candidate or the state. An index SQLite calls corrupt is moved aside
   (``index.sqlite.corrupt-<time>``) and rebuilt from the files, said once.
-- Damaged files never take a run down (design §4's hostile-input rule). A candidate is read
-  only if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded
-  sha256 (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips it, reporting the file in one line
-  (:func:`evolve.models.damaged`), and :meth:`RunStore.get` / :meth:`RunStore.source` raise
-  :class:`DamagedFile` naming it. Adding the source of a candidate whose ``.py`` was lost
-  restores the file. A damaged ``state.json`` is reported and its round counters are rebuilt
-  from the candidates; a damaged manifest keeps the run from opening, with the file named.
+- Damaged files never take a run down (design §4's hostile-input rule). A candidate is read only
+  if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
+  (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips
+  it, reporting the file in one line (:func:`evolve.models.damaged`), and :meth:`RunStore.get` /
+  :meth:`RunStore.source` raise :class:`DamagedFile` naming it. Adding the source of a candidate
+  whose ``.py`` was lost restores the file. A damaged ``state.json`` is reported and its round
+  counters are rebuilt from the candidates; a damaged manifest keeps the run from opening, with
+  the file named.
 - Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
   by exclusively creating its claim file, so two writers cannot take the same number; a crash
   after the claim leaves a gap in the numbering, never a reused number.
