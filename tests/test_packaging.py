@@ -23,7 +23,7 @@ from evolve.datasets.benches import BENCHES, splits_file
 from evolve.resources import seed_file
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "evolve", "sandbox", "seeds", "splits")
+SOURCES = ("pyproject.toml", "README.md", "evolve", "sandbox", "contract", "seeds", "splits")
 
 
 def _pip(*args: str) -> None:
