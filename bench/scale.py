@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from contract.program import load_program, offline_units
+from contract.state import dump_state, load_state
 from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
 from evolve.models.embed import Embedder
-from evolve.program import load_program, offline_units
-from evolve.stagecache import dump_state, load_state
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS_PER_TOKEN = 4

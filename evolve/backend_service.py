@@ -9,7 +9,7 @@ Invariants:
 - ``complete`` goes to the task LLM, counted under role ``task`` and stage ``<label>/memory``,
   at most ``max_calls`` per host request (the host enforces the same budget; this side does not
   trust it to); with no task LLM (offline mode) it is refused with a
-  :class:`~evolve.program.BackendError`.
+  :class:`~contract.types.BackendError`.
 - Any other method is refused.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.types import BackendError
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
-from evolve.program import BackendError
 from sandbox.wire import pack_array
 
 MAX_EMBED_TEXTS = 200_000

@@ -10,8 +10,9 @@ scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent)
 never shares a process with a candidate — and writes per-question traces.
 
 Invariants:
-- No program is evaluated before it has passed the sandbox (:func:`sandbox.check.check_program`)
-  in this process.
+- No program is evaluated before it has passed the sandbox: :func:`evaluate` takes the
+  :class:`~sandbox.check.CheckedProgram` a passing check returns (a path is checked first, by
+  :func:`check_file`), and runs exactly the source that was checked.
 - A failing conversation (program error, crashed worker) fails only its own questions; they
   score 0 on every retrieval metric they have, their answers are scored as empty answers, and
   they carry the error in their trace.
@@ -33,21 +34,19 @@ from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
+from contract.spec import COMPONENTS
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
 from evolve.distributed import Backend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
-from evolve.program import source_digest
 from evolve.scoring.answers import make_scorer
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
-from evolve.stagecache import COMPONENTS, fingerprints
 from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder
-from sandbox.check import CheckReport, check_program
+from sandbox.check import CheckedProgram, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
-_PASSED: set[str] = set()  # digests of sources that passed the sandbox in this process
 
 
 class EvalError(Exception):
@@ -72,7 +71,7 @@ ProgressFn = Callable[[int], None]
 
 
 def evaluate(
-    program_path: Path,
+    program: CheckedProgram | Path,
     tasks: TaskSet,
     config: WorkerConfig,
     *,
@@ -85,20 +84,12 @@ def evaluate(
     """Run every stage for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge). Jobs run on ``backend``
-    (default: the local pool with ``jobs`` workers)."""
+    (default: the local pool with ``jobs`` workers). A ``program`` given as a path is checked
+    first (:func:`check_file`)."""
     check_evaluable(tasks)
-    try:
-        source = Path(program_path).read_text()
-        fps = fingerprints(source)
-    except OSError as exc:
-        raise EvalError(f"cannot read program {program_path}: {exc.strerror}") from None
-    except SyntaxError as exc:
-        raise EvalError(f"{program_path}, line {exc.lineno}: syntax error: {exc.msg}") from None
     started = time.perf_counter()
-    if source_digest(source) not in _PASSED:
-        sandbox = sandbox_check(source, str(program_path))
-        if not sandbox.passed:
-            raise EvalError(f"{program_path}: {sandbox.repair_text()}")
+    if not isinstance(program, CheckedProgram):
+        program = check_file(Path(program))
     backend = backend or make_backend("local", jobs)
     if backend.name != "local":  # other machines see the caches by absolute path only
         config = replace(
@@ -106,7 +97,7 @@ def evaluate(
             cache_dir=str(Path(config.cache_dir).resolve()),
             calls_log=str(Path(config.calls_log).resolve()) if config.calls_log else None,
         )
-    results = _run_jobs(backend, source, str(program_path), tasks, config, on_progress)
+    results = _run_jobs(backend, program, tasks, config, on_progress)
 
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
@@ -152,9 +143,9 @@ def evaluate(
         summary["diagnostics"] = diagnostics.summarize(traces)
     return EvalReport(
         meta={
-            "program": str(program_path),
-            "program_hash": source_digest(source),
-            "fingerprints": fps,
+            "program": program.path,
+            "program_hash": program.digest,
+            "fingerprints": program.fingerprints,
             "bench": tasks.bench,
             "split": tasks.split,
             "conversations": len(tasks.conversations),
@@ -190,19 +181,22 @@ def check_evaluable(tasks: TaskSet) -> None:
         raise EvalError(f"{where} has no message text")
 
 
-def sandbox_check(source: str, path: str, parent_source: str | None = None) -> CheckReport:
-    """Run the sandbox on a source and remember a pass, so that :func:`evaluate` does not
-    check it again in this process (the check is deterministic in the source)."""
-    report = check_program(source, path, parent_source)
-    if report.passed:
-        _PASSED.add(source_digest(source))
-    return report
+def check_file(path: Path) -> CheckedProgram:
+    """Read a program file and run the sandbox on it; EvalError when it cannot be read or does
+    not pass (the message is the check's repair text)."""
+    try:
+        source = path.read_text()
+    except OSError as exc:
+        raise EvalError(f"cannot read program {path}: {exc.strerror}") from None
+    report = check_program(source, str(path))
+    if report.program is None:
+        raise EvalError(f"{path}: {report.repair_text()}")
+    return report.program
 
 
 def _run_jobs(
     backend: Backend,
-    source: str,
-    path: str,
+    program: CheckedProgram,
     tasks: TaskSet,
     config: WorkerConfig,
     on_progress: ProgressFn | None,
@@ -216,7 +210,9 @@ def _run_jobs(
         futures: dict[Future[ConversationResult], str] = {}
         for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
             qs = by_conv[conv.id]
-            job = backend.executor.submit(run_conversation, source, path, conv, qs, config, ticks)
+            job = backend.executor.submit(
+                run_conversation, program.source, program.path, conv, qs, config, ticks
+            )
             futures[job] = conv.id
         results: dict[str, ConversationResult] = {}
         reported: Counter[str] = Counter()

@@ -9,7 +9,7 @@ Invariants:
 - Every text or number here that shapes a prompt is listed in :func:`texts`, so changing one
   changes every stage key and no cached output of the old prompt is reused.
 - An instruction is a string literal assigned at the program's top level; anything else is a
-  :class:`~evolve.program.ContractError`.
+  :class:`~contract.types.ContractError`.
 - Extraction windows cover a session's messages in order, each within
   :data:`EXTRACT_WINDOW_CHARS` (one message at least, however long).
 """
@@ -21,8 +21,9 @@ import functools
 import json
 from typing import Any
 
+from contract.spec import INSTRUCTIONS
+from contract.types import ContractError
 from evolve.datasets.types import Question, Segment
-from evolve.program import ContractError
 
 EXTRACT_WINDOW_CHARS = 24_000  # one extraction call sees at most this much of a session
 SCHEMA_PROMPT = "{instruction}\n\nReply with one JSON object matching this schema:\n{schema}\n\n"
@@ -53,7 +54,7 @@ def units_schema(unit_schema: dict[str, Any]) -> dict[str, Any]:
 
 def extraction_prompt(source: str, reply_schema: dict[str, Any], window: Segment) -> str:
     return EXTRACT_PROMPT.format(
-        instruction=instruction(source, "EXTRACTION_INSTRUCTION"),
+        instruction=instruction(source, INSTRUCTIONS["extract"]),
         schema=json.dumps(reply_schema),
         window=window.render(),
     )
@@ -61,7 +62,7 @@ def extraction_prompt(source: str, reply_schema: dict[str, Any], window: Segment
 
 def planning_prompt(source: str, query_schema: dict[str, Any], q: Question) -> str:
     return PLAN_PROMPT.format(
-        instruction=instruction(source, "PLANNING_INSTRUCTION"),
+        instruction=instruction(source, INSTRUCTIONS["plan"]),
         schema=json.dumps(query_schema),
         question=q.question,
         when=PLAN_DATE.format(date=q.question_date) if q.question_date else "",
@@ -70,7 +71,7 @@ def planning_prompt(source: str, query_schema: dict[str, Any], q: Question) -> s
 
 def answer_prompt(source: str, retrieved: str, q: Question) -> str:
     return ANSWER_PROMPT.format(
-        instruction=instruction(source, "ANSWER_INSTRUCTION"),
+        instruction=instruction(source, INSTRUCTIONS["answer"]),
         retrieved=retrieved,
         today=ANSWER_DATE.format(date=q.question_date) if q.question_date else "",
         question=q.posed,

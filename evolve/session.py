@@ -20,11 +20,11 @@ Invariants:
   and counters (``failed``). After the host dies, the conversation's remaining questions fail
   with the same reason.
 - LLM outputs are validated once, here, against the schemas the host rendered from the program
-  (:func:`evolve.program.conform`); the host builds records from them without checking again,
+  (:func:`contract.records.conform`); the host builds records from them without checking again,
   and checks only what the program's own hooks return (:mod:`sandbox.serve`).
-- Offline mode (no task model) uses the stand-ins of :mod:`evolve.program`: one unit per
+- Offline mode (no task model) uses the stand-ins of :mod:`contract.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
-- Retrieved text is cut to :data:`~evolve.program.OUT_CHAR_BUDGET`; the trace says when.
+- Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; the trace says when.
 - Every stage key carries :func:`evaluator_version` (prompt texts, extraction window,
   truncation, library and embedding-model versions), so a changed evaluator reuses nothing.
 - ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the stage outputs
@@ -43,15 +43,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from contract.records import conform
+from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
 from evolve import prompts
 from evolve.backend_service import BackendService
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions
-from evolve.program import CONTRACT_VERSION, OUT_CHAR_BUDGET, conform
-from evolve.stagecache import COMPONENTS, StageKeys, StageStore, fingerprints
+from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder, make_llm
+from sandbox.fingerprint import fingerprints
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 
 T = TypeVar("T")

@@ -8,24 +8,27 @@
 
 Invariants: candidate code never runs in this process; a crash, hang or protocol breach of the
 host fails the tier it happened in with rule ``crash`` or ``timeout``. Each failure carries the
-tier, a rule id, the program line when known, and one line of text written for a model to
-repair the program (:meth:`CheckReport.repair_text`).
+tier, a rule id, the program line when known (from the host's error frame, never parsed out of
+its text), and one line of text written for a model to repair the program
+(:meth:`CheckReport.repair_text`). A report that passed carries the :class:`CheckedProgram`
+(source, digest, component fingerprints), the only value evaluation takes: nothing needs to
+remember which sources passed, or read the file again.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from contract.program import source_digest
+from sandbox.fingerprint import fingerprints
+from sandbox.isolate import Host, HostFailure, HostTimeout, Limits, ProgramFailure
 from sandbox.static import check_source
 
 TIERS = ("source", "schema", "smoke", "probe")
 CHECK_LIMITS = Limits(cpu_seconds=120, memory_mb=4096, call_seconds=60.0)
 TIER_SECONDS = {"source": 30.0, "schema": 15.0, "smoke": 30.0, "probe": 90.0}
-_LINE = re.compile(r"\(line (\d+)")
 
 
 @dataclass
@@ -40,11 +43,23 @@ class TierResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CheckedProgram:
+    """A program that passed every tier: its source as checked, the path it was checked under,
+    its sha256 and its component fingerprints (:mod:`sandbox.fingerprint`)."""
+
+    source: str
+    path: str
+    digest: str
+    fingerprints: dict[str, str]
+
+
 @dataclass
 class CheckReport:
     passed: bool
     tiers: list[TierResult]
     isolation: dict[str, Any] = field(default_factory=dict)
+    program: CheckedProgram | None = field(default=None, repr=False)  # set when passed
 
     @property
     def failure(self) -> TierResult | None:
@@ -121,7 +136,10 @@ def check_program(
             if not result.passed:
                 break
         isolation = host.isolation
-    return CheckReport(all(t.passed for t in tiers) and len(tiers) == len(TIERS), tiers, isolation)
+    if not (all(t.passed for t in tiers) and len(tiers) == len(TIERS)):
+        return CheckReport(False, tiers, isolation)
+    program = CheckedProgram(source, path, source_digest(source), fingerprints(source))
+    return CheckReport(True, tiers, isolation, program)
 
 
 def _run_tier(
@@ -130,22 +148,10 @@ def _run_tier(
     try:
         details, _ = host.call(op, payload, timeout=TIER_SECONDS[name])
     except ProgramFailure as exc:
-        text = str(exc)
-        match = _LINE.search(text)
-        rule = "contract" if exc.kind in ("ContractError", "TierError") else "exception"
-        if exc.kind == "TierError":
-            rule = name
-        return TierResult(
-            number,
-            name,
-            False,
-            time.perf_counter() - start,
-            rule,
-            int(match.group(1)) if match else None,
-            text,
-        )
+        took = time.perf_counter() - start
+        return TierResult(number, name, False, took, exc.rule, exc.line, str(exc))
     except HostFailure as exc:
-        rule = "timeout" if "timed out" in str(exc) else "crash"
+        rule = "timeout" if isinstance(exc, HostTimeout) else "crash"
         return TierResult(number, name, False, time.perf_counter() - start, rule, None, str(exc))
     return TierResult(
         number,

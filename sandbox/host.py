@@ -13,7 +13,10 @@ that admits only the allow-listed modules of :mod:`sandbox.static`.
 Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe`` (the sandbox tiers, see
 :mod:`sandbox.tiers`) and ``units``, ``query``, ``index``, ``restore``, ``retrieve`` (evaluation;
 see :mod:`evolve.worker`). Every answer is one frame of kind ``result`` or ``error``; while
-handling a request the host may send ``backend`` frames and waits for their answers.
+handling a request the host may send ``backend`` frames and waits for their answers. An
+``error`` frame carries ``type`` (the exception's class), ``error`` (one line for a model),
+``line`` (the program line it came from, or null) and ``rule`` (``contract``, the tier's name
+for a tier rule, or ``exception``), so nothing reads them back out of the text.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import json
 import os
 import resource
 import sys
-import traceback
 from typing import Any
+
+from sandbox.serve import Server
+from sandbox.wire import encode_frame, reader
 
 CLONE_NEWNET = 0x40000000
 _DENIED_BUILTINS = {
@@ -155,21 +160,11 @@ def restricted_builtins() -> dict[str, Any]:
     return safe
 
 
-def describe(exc: BaseException, path: str) -> str:
-    """One line for a model to act on: the exception and the program line it came from."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-    where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}".replace("\n", " ")[:1000]
-
-
 def main() -> None:
     limits = json.loads(sys.argv[1])
     out = sys.stdout.buffer
     isolation = confine(limits)
     warm_up()  # while the interpreter's files are still readable
-    from sandbox.serve import Server
-    from sandbox.wire import encode_frame, reader
-
     builtins_ = restricted_builtins()
     isolation.update(drop_privileges())
     disarm()

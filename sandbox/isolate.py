@@ -12,7 +12,8 @@ secrets, models and caches stay on the optimizer's side.
 Invariants:
 - Every request has a wall-clock deadline; reading, writing and waiting all honour it. When it
   passes, or the host breaks the protocol, the whole process group is killed (SIGKILL) and
-  :class:`HostFailure` says why. The optimizer never blocks forever and never unpickles.
+  :class:`HostFailure` says why (:class:`HostTimeout` for the deadline). The optimizer never
+  blocks forever and never unpickles.
 - The deadline measures the program, not the optimizer: time spent answering the host's
   backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
   deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
@@ -57,12 +58,36 @@ class HostFailure(Exception):
     """The host died, hung, or broke the protocol; the message says which, in one line."""
 
 
-class ProgramFailure(Exception):
-    """Candidate code raised inside the host; the message is the host's one-line description."""
+class HostTimeout(HostFailure):
+    """The host ran past a request's wall-clock deadline and was killed."""
 
-    def __init__(self, message: str, kind: str = "error") -> None:
+
+class ProgramFailure(Exception):
+    """Candidate code raised inside the host; the message is the host's one-line description,
+    ``kind`` the exception's class name, ``line`` the program line it came from (None when
+    unknown) and ``rule`` the host's verdict (see :mod:`sandbox.host`)."""
+
+    def __init__(
+        self, message: str, kind: str = "error", line: int | None = None, rule: str = "exception"
+    ) -> None:
         super().__init__(message)
         self.kind = kind
+        self.line = line
+        self.rule = rule
+
+    @classmethod
+    def from_frame(cls, header: dict[str, Any]) -> ProgramFailure:
+        """From an ``error`` frame; fields of the wrong type (a hostile host) are dropped."""
+        line, rule = header.get("line"), header.get("rule")
+        return cls(
+            str(header.get("error"))[:2000],
+            str(header.get("type")),
+            line if isinstance(line, int) and not isinstance(line, bool) else None,
+            rule if rule in PROGRAM_RULES else "exception",
+        )
+
+
+PROGRAM_RULES = ("contract", "exception", "smoke", "probe")  # the rules an error frame may name
 
 
 BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this × its timeout
@@ -134,7 +159,7 @@ class Host:
             if kind == "result":
                 return header.get("result"), got
             if kind == "error":
-                raise ProgramFailure(str(header.get("error"))[:2000], str(header.get("type")))
+                raise ProgramFailure.from_frame(header)
             if kind == "backend" and self.serve is not None:
                 began = time.monotonic()
                 try:
@@ -187,7 +212,7 @@ class Host:
 
     def _timeout(self) -> None:
         self.kill()
-        raise HostFailure("timed out (wall clock); the host was killed")
+        raise HostTimeout("timed out (wall clock); the host was killed")
 
     def _died(self) -> HostFailure:
         code = self.proc.wait(timeout=5)

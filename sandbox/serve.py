@@ -2,7 +2,7 @@
 
 Runs only inside :mod:`sandbox.host`, after confinement. Holds at most one loaded program and
 one built memory. Data crosses the wire as JSON (records as dicts, segments as plain dicts) and
-memory state as the restricted pickle of :mod:`evolve.stagecache` (unpickled only here, never
+memory state as the restricted pickle of :mod:`contract.state` (unpickled only here, never
 by the optimizer).
 
 Records are checked once: what the optimizer hands over (task-LLM records it validated, units
@@ -17,6 +17,7 @@ locally (tiers 3 and 4, no task-LLM call).
 
 from __future__ import annotations
 
+import traceback
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -24,21 +25,12 @@ from typing import IO, Any
 
 import numpy as np
 
-from evolve.datasets.types import Message, Segment
-from evolve.program import (
-    OUT_CHAR_BUDGET,
-    BackendError,
-    Program,
-    build_record,
-    check_shapes,
-    json_schema,
-    load_program,
-    offline_units,
-    validate_record,
-)
-from evolve.stagecache import dump_state, load_state
-from sandbox.host import describe
-from sandbox.tiers import probe_tier, smoke_tier
+from contract.program import Program, check_shapes, load_program, offline_units
+from contract.records import build_record, json_schema, validate_record
+from contract.spec import OUT_CHAR_BUDGET
+from contract.state import dump_state, load_state
+from contract.types import BackendError, ContractError, Message, Segment
+from sandbox.tiers import TierError, probe_tier, smoke_tier
 from sandbox.wire import encode_frame, read_frame, unpack_array
 
 
@@ -103,16 +95,14 @@ class Server:
             if op == "exit":
                 return
             handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
-            if handler is None:
+            if handler is None or not isinstance(op, str):
                 self.send({"kind": "error", "type": "protocol", "error": f"unknown op {op!r}"})
                 continue
             path = self.program.path if self.program else str(header.get("path", ""))
             try:
                 result, out_blobs = handler(header, blobs)
             except Exception as exc:
-                self.send(
-                    {"kind": "error", "type": type(exc).__name__, "error": describe(exc, path)}
-                )
+                self.send({"kind": "error", **error_frame(exc, path, op)})
             else:
                 self.send({"kind": "result", "result": result}, out_blobs)
 
@@ -214,6 +204,19 @@ class Server:
 def _handed(cls: type, record: dict[str, Any]) -> Any:
     """A record the optimizer already checked against ``cls``'s schema, as a ``cls``."""
     return cls(**record)
+
+
+def error_frame(exc: BaseException, path: str, op: str) -> dict[str, Any]:
+    """What the optimizer learns of a failed request: the exception's class, one line for a
+    model to act on, the program line it came from (None when no frame of ``path`` raised) and
+    the rule: ``contract``, ``op`` (the tier) for a tier rule, ``exception`` otherwise."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    line = frames[-1].lineno if frames else None
+    where = f" (line {line}: {frames[-1].line})" if frames else ""
+    text = f"{type(exc).__name__}: {exc}{where}".replace("\n", " ")[:1000]
+    rule = "contract" if isinstance(exc, ContractError) else "exception"
+    rule = op if isinstance(exc, TierError) else rule
+    return {"type": type(exc).__name__, "error": text, "line": line, "rule": rule}
 
 
 def _record_dict(record: Any, cls: type, ns: dict[str, Any]) -> dict[str, Any]:

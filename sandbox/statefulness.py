@@ -8,7 +8,7 @@ else, module globals, class attributes, a mutable default, the module-global RNG
 (or different) after a restore, and ``retrieve`` would read what a fresh run would not.
 
 Owns :func:`import_time_nodes` (what runs at import; the stage fingerprints of
-:mod:`evolve.stagecache` use it too), :func:`import_time_mutations` and
+:mod:`sandbox.fingerprint` use it too), :func:`import_time_mutations` and
 :func:`runtime_state_issues`. Both return :data:`Issue` tuples; :mod:`sandbox.static` turns them
 into findings.
 

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from string import Formatter
 
+from contract.spec import DATACLASSES, INSTRUCTIONS, MEMORY, REQUIRED_NAMES
 from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 
 
@@ -108,8 +109,6 @@ EVALUATION_STRINGS = (
     ".sqlite",
 )  # fmt: skip
 _DUNDER = re.compile(r"__\w+__")
-INSTRUCTIONS = ("EXTRACTION_INSTRUCTION", "PLANNING_INSTRUCTION", "ANSWER_INSTRUCTION")
-CLASSES = ("MemoryUnit", "Query", "Memory")
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)
 
 _NAME_HINTS = {"open": "programs cannot read or write files; keep state in Memory attributes"}
@@ -127,7 +126,7 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
     A candidate equal to ``parent_source`` (what it was patched from) up to comments and
     layout is ``unchanged``."""
     if not source.strip():
-        fix = f"write a complete memory program defining {', '.join(INSTRUCTIONS + CLASSES)}"
+        fix = f"write a complete memory program defining {', '.join(REQUIRED_NAMES)}"
         return [Finding("empty", _say("the program is empty", None, fix), None)]
     try:
         tree = ast.parse(source)
@@ -166,8 +165,9 @@ def _missing_definitions(tree: ast.Module) -> list[Finding]:
     targets = [t for stmt in tree.body if isinstance(stmt, ast.Assign) for t in stmt.targets]
     targets += [s.target for s in tree.body if isinstance(s, ast.AnnAssign) and s.value]
     names = {e.id for t in targets for e in getattr(t, "elts", [t]) if isinstance(e, ast.Name)}
-    missing = [(n, "a string assignment") for n in INSTRUCTIONS if n not in names]
-    missing += [(n, "a class statement") for n in CLASSES if n not in classes]
+    missing = [(n, "a string assignment") for n in INSTRUCTIONS.values() if n not in names]
+    classes_needed = (*DATACLASSES.values(), MEMORY)
+    missing += [(n, "a class statement") for n in classes_needed if n not in classes]
     return [
         Finding("missing-definition", f"'{n}' is not defined at top level: add {kind}", None)
         for n, kind in missing

@@ -39,8 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from evolve.datasets.types import Message, Segment
-from evolve.program import OUT_CHAR_BUDGET, BackendError, Program, build_record, offline_units
+from contract.program import Program, offline_units
+from contract.records import build_record
+from contract.spec import OUT_CHAR_BUDGET
+from contract.types import BackendError, Message, Segment
 
 PROBE_UNITS = 2000
 PROBE_BATCHES = 100

@@ -12,16 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from evolve.datasets.types import Message, Segment
-from evolve.program import (
-    OUT_CHAR_BUDGET,
-    BackendError,
-    Program,
-    build_record,
-    load_program,
-    offline_units,
-)
-from evolve.stagecache import dump_state, load_state
+from contract.program import Program, load_program, offline_units
+from contract.records import build_record
+from contract.spec import OUT_CHAR_BUDGET
+from contract.state import dump_state, load_state
+from contract.types import BackendError, Message, Segment
 from sandbox.check import check_program
 
 SEED = Path(__file__).resolve().parents[1] / "seeds" / "ariadne.py"

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from contract.spec import CONTRACT_VERSION
 from evolve.cli.main import main
 from evolve.evolution.archive import fitness
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.ship import HEADER_MARK, split_preamble
 from evolve.evolution.store import RunStore
-from evolve.program import CONTRACT_VERSION
-from evolve.stagecache import fingerprints
 from sandbox.check import check_program
+from sandbox.fingerprint import fingerprints
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "alpha"

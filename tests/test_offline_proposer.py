@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evolve.evolution.offline import GUIDANCE, OfflineProposer, Tunable, tunables
-from evolve.stagecache import changed_components
+from sandbox.fingerprint import changed_components
 from sandbox.static import check_source
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"

@@ -23,7 +23,7 @@ from evolve.datasets.benches import BENCHES, splits_file
 from evolve.resources import seed_file
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "evolve", "sandbox", "seeds", "splits")
+SOURCES = ("pyproject.toml", "README.md", "evolve", "sandbox", "contract", "seeds", "splits")
 
 
 def _pip(*args: str) -> None:
@@ -50,7 +50,7 @@ def test_the_wheel_holds_seeds_splits_and_every_package(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"evolve/seeds/{name}.py" for name in REFERENCE_PROGRAMS} <= names
     assert {f"evolve/splits/{bench}.json" for bench in BENCHES} <= names
-    packages = {str(p.relative_to(ROOT)) for top in ("evolve", "sandbox")
+    packages = {str(p.relative_to(ROOT)) for top in ("evolve", "sandbox", "contract")
                 for p in ROOT.joinpath(top).rglob("__init__.py")}  # fmt: skip
     assert packages and packages <= names  # pyproject lists every package of the tree
 

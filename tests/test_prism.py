@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from evolve.datasets.types import Message, Segment
-from evolve.program import BackendError, Program, load_program, offline_units
-from evolve.stagecache import dump_state, load_state
+from contract.program import Program, load_program, offline_units
+from contract.state import dump_state, load_state
+from contract.types import BackendError, Message, Segment
 from sandbox.check import check_program
 
 PATH = Path(__file__).resolve().parents[1] / "seeds" / "prism.py"

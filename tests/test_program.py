@@ -1,4 +1,5 @@
-"""evolve/program.py: loading, the contract checks, schemas, validation, offline records."""
+"""contract/program.py and contract/records.py: loading, the contract checks, schemas, validation,
+offline records."""
 
 from __future__ import annotations
 
@@ -11,19 +12,16 @@ from typing import Optional
 
 import pytest
 
-from evolve.program import (
-    ContractError,
+from contract.program import Program, check_names, check_shapes, load_program
+from contract.records import (
     FieldSpec,
-    Program,
     RecordError,
     build_record,
-    check_names,
-    check_shapes,
     field_specs,
     json_schema,
-    load_program,
     validate_record,
 )
+from contract.types import ContractError
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
 SEEDS = ("simple", "dense", "hybrid", "prism", "ariadne")

@@ -25,6 +25,7 @@ from evolve.evolution.store import (
     RunStore,
     scrub_secrets,
 )
+from evolve.trace import QuestionTrace
 
 SOURCE = 'TOP_K = 5\nEXTRACTION_INSTRUCTION = "Keep the facts."\n'
 MANIFEST = {
@@ -313,3 +314,16 @@ def test_no_secret_reaches_the_disk(tmp_path: Path) -> None:
     for path in store.root.rglob("*"):
         if path.is_file():
             assert b"sk-" not in path.read_bytes(), path
+
+
+def test_the_store_names_its_own_paths(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path, {})
+    seed = _add(store, SOURCE)
+    assert store.source_path(seed.id[:5]).read_text() == SOURCE  # a prefix is enough
+    trace = QuestionTrace(id="q1", conversation_id="c1")
+    store.write_traces(seed.id, "train", [trace])
+    assert store.traces_path(seed.id, "train").is_file()
+    assert store.traces(seed.id, "train") == [trace]
+    assert {store.source_path(seed.id), store.traces_path(seed.id, "train")} <= set(
+        (store.root / "candidates").iterdir()
+    )

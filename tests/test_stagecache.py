@@ -1,4 +1,5 @@
-"""evolve/stagecache.py: component fingerprints, stage keys, the store and memory-state pickling."""
+"""Stage reuse: component fingerprints (sandbox/fingerprint.py), stage keys and the store
+(evolve/stagecache.py), memory-state pickling (contract/state.py)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.program import load_program
+from contract.spec import COMPONENTS
+from contract.state import dump_state, load_state
 from evolve import prompts, session
-from evolve.program import load_program
-from evolve.stagecache import (
-    COMPONENTS,
-    StageKeys,
-    StageStore,
-    changed_components,
-    dump_state,
-    fingerprints,
-    load_state,
-)
+from evolve.stagecache import StageKeys, StageStore
+from sandbox.fingerprint import changed_components, fingerprints
 
 BASE = textwrap.dedent(
     '''\
@@ -801,7 +797,7 @@ def test_library_objects_round_trip() -> None:
 
 
 def test_hybrid_seed_state_round_trip() -> None:
-    from evolve.datasets.types import Message, Segment
+    from contract.types import Message, Segment
     from evolve.models.testing import HashingEmbedder
 
     class Backend:

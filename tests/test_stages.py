@@ -140,7 +140,8 @@ def test_partners_rotate_and_the_common_ancestor_is_the_latest_shared_one():
 
 
 def tiny_tasks() -> tuple[TaskSet, list[dict[str, Any]], list[dict[str, Any]]]:
-    from evolve.datasets.types import Conversation, Message, Segment
+    from contract.types import Message, Segment
+    from evolve.datasets.types import Conversation
 
     seg = Segment("1", "2024-01-01", tuple(Message(str(i), "user", f"fact {i}") for i in range(4)))
     conv = Conversation("c", (seg,))

@@ -167,9 +167,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 def _check_seed(seed: str) -> None:
     """Refuse a seed that fails the sandbox before a run is created for it (no run folder)."""
-    from evolve.executor import sandbox_check
+    from sandbox.check import check_program
 
-    report = sandbox_check(read_program(Path(seed), "seed program"), seed)
+    report = check_program(read_program(Path(seed), "seed program"), seed)
     if not report.passed:
         raise UsageError(f"seed program {seed}: {report.repair_text()}")
 

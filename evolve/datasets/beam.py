@@ -27,15 +27,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from evolve.datasets.types import (
-    Conversation,
-    DataError,
-    Message,
-    Question,
-    Segment,
-    TaskSet,
-    read_json,
-)
+from contract.types import Message, Segment
+from evolve.datasets.types import Conversation, DataError, Question, TaskSet, read_json
 from evolve.resources import split_file
 
 SIZES: tuple[str, ...] = ("100K", "500K", "1M", "10M")

@@ -50,13 +50,12 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from contract.types import Message, Segment
 from evolve.datasets.types import (
     CAPABILITIES,
     Conversation,
     DataError,
-    Message,
     Question,
-    Segment,
     TaskSet,
     read_json,
     read_records,

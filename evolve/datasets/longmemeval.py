@@ -50,12 +50,11 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from contract.types import Message, Segment
 from evolve.datasets.types import (
     Conversation,
     DataError,
-    Message,
     Question,
-    Segment,
     TaskSet,
     read_json,
     read_records,

@@ -1,4 +1,4 @@
-"""Benchmark-neutral data types: conversations, the segments a program sees, and questions;
+"""Benchmark-neutral data types: conversations (of :mod:`contract.types` segments) and questions;
 and :func:`read_json` / :func:`read_records`, the one way loaders read a benchmark file (errors
 become one line).
 
@@ -6,10 +6,9 @@ Every loader (BEAM, LoCoMo, LongMemEval) converts its files into these types; no
 downstream knows which benchmark a conversation came from.
 
 Invariants:
-- All types are frozen; a memory program receives them read-only.
-- Message ids are strings, unique within a conversation (BEAM's integer ids are stringified).
-- A `Segment` is one session of the history in source order, with its date when the benchmark
-  gives one (ISO ``YYYY-MM-DD`` when parseable, otherwise the benchmark's own text).
+- All types are frozen. `Segment` and `Message` (what a memory program receives) are the
+  contract's (:mod:`contract.types`, with their invariants); BEAM's integer message ids are
+  stringified.
 - `Question.meta["posed"]`, when present, is the question as the benchmark's protocol poses it
   to the answer model (planning and retrieval see `Question.question`).
 - `Question.capability` is the *native* capability of the benchmark's question type (design
@@ -18,11 +17,12 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from contract.types import Message, Segment, content_digest
 
 CAPABILITIES: tuple[str, ...] = ("F", "T", "P", "M", "A")
 CAPABILITY_NAMES: dict[str, str] = {
@@ -34,38 +34,8 @@ CAPABILITY_NAMES: dict[str, str] = {
 }
 
 
-def _digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
 class DataError(Exception):
     """Missing or malformed benchmark data; the message is one line meant for the user."""
-
-
-@dataclass(frozen=True)
-class Message:
-    id: str
-    role: str
-    content: str
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One session of a history, as handed to a memory program's extraction and `index`."""
-
-    session_id: str
-    date: str | None
-    messages: tuple[Message, ...]
-
-    def render(self) -> str:
-        """The segment as plain text: a header line, then one ``[id] role: content`` per message."""
-        header = f"## Session {self.session_id}" + (f" ({self.date})" if self.date else "")
-        lines = [header] + [f"[{m.id}] {m.role}: {m.content}" for m in self.messages]
-        return "\n".join(lines)
-
-    def digest(self) -> str:
-        """A content hash (id, date, every message); keys the extraction cache."""
-        return _digest(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -80,7 +50,7 @@ class Conversation:
 
     def digest(self) -> str:
         """A content hash of the sessions (ids, dates, roles, texts); keys stage caches."""
-        return _digest([asdict(s) for s in self.sessions])
+        return content_digest([asdict(s) for s in self.sessions])
 
     @property
     def n_chars(self) -> int:

@@ -40,7 +40,7 @@ import difflib
 import re
 from typing import Any
 
-from evolve import program
+from contract import spec
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.proposer import Program, Proposal, Request
 from evolve.models.llm import LLMClient, Message
@@ -105,7 +105,7 @@ Fix this and reply again in the same format. Your edit blocks now apply to {base
 
 
 def _contract() -> str:
-    doc = program.__doc__ or ""
+    doc = spec.__doc__ or ""
     body = doc.split("\n\n", 1)[1] if "\n\n" in doc else doc
     return _ROLE.sub(lambda m: m[1].rsplit(".", 1)[-1], body).replace("``", "`").strip()
 
@@ -115,11 +115,11 @@ def system_prompt() -> str:
     modules = ", ".join(sorted(ALLOWED_IMPORTS))
     return f"""You improve memory programs for long-horizon LLM agents. A memory program reads a
 long conversation (100K to 10M tokens) session by session, stores memory units, and for each
-question returns at most {program.OUT_CHAR_BUDGET:,} characters of retrieved text from which an
+question returns at most {spec.OUT_CHAR_BUDGET:,} characters of retrieved text from which an
 answer model must answer. It is scored on whether that text contains the evidence messages the
 answer depends on (evidence similarity and hit rate) and on the answers.
 
-The contract (contract version {program.CONTRACT_VERSION}):
+The contract (contract version {spec.CONTRACT_VERSION}):
 
 {_contract()}
 

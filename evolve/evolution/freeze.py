@@ -43,11 +43,6 @@ from evolve.executor import EvalError, evaluate, write_run
 from evolve.trace import first_error
 
 
-def candidate_path(store: RunStore, meta: CandidateMeta) -> Path:
-    """The candidate's source file in the run folder (the layout of :mod:`.store`)."""
-    return store.root / "candidates" / f"{meta.id}.py"
-
-
 @dataclass(frozen=True)
 class Frozen:
     """The outcome of :func:`freeze`: the candidate as stored now, whether this call scored it,
@@ -102,7 +97,7 @@ def freeze(
     with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
         try:
             report = evaluate(
-                candidate_path(store, meta),
+                store.source_path(meta.id),
                 tasks,
                 worker,
                 on_progress=advance,

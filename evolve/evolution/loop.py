@@ -55,15 +55,16 @@ from evolve.evolution.proposer import Program, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, evaluate, sandbox_check
+from evolve.executor import EvalError, evaluate
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
 from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
-from evolve.stagecache import StageKeys, StageStore, fingerprints
+from evolve.stagecache import StageKeys, StageStore
 from evolve.worker import WorkerConfig, make_embedder
-from sandbox.check import CheckReport
+from sandbox.check import CheckReport, check_program
+from sandbox.fingerprint import fingerprints
 
 
 def best_overall(candidates: list[CandidateMeta]) -> CandidateMeta | None:
@@ -341,7 +342,7 @@ class Evolution:
         for attempt in range(self.config.repairs + 1):
             report = None
             if proposal.source is not None:
-                report = sandbox_check(proposal.source, "candidate", request.parent.source)
+                report = check_program(proposal.source, "candidate", request.parent.source)
                 if report.passed:
                     return proposal, report, failures
             error = report.repair_text() if report else (proposal.error or "no program")
@@ -361,10 +362,9 @@ class Evolution:
         judged is left as it is."""
         if candidate.status in ("evaluated", "rejected", "failed"):
             return
-        source = self.store.source(candidate.id)
         if report is None:
-            report = sandbox_check(source, candidate.id, None)
-        if not report.passed:
+            report = check_program(self.store.source(candidate.id), candidate.id)
+        if report.program is None:
             self.store.update(
                 candidate.id,
                 status="rejected",
@@ -372,7 +372,8 @@ class Evolution:
                 message=f"{candidate.message} [rejected: {report.repair_text()}]",
             )
             return
-        path = self.store.root / "candidates" / f"{candidate.id}.py"
+        path = str(self.store.source_path(candidate.id))
+        program = dataclasses.replace(report.program, path=path)  # checked before it had a file
         scores: dict[str, dict[str, Any]] = {}
         usage = dict(candidate.usage)
         seconds = 0.0
@@ -381,7 +382,7 @@ class Evolution:
                 # stage diagnostics steer cold start: computed for the seed and its revisions
                 diagnose = split == "train" and candidate.stage in ("seed", "cold_start")
                 worker = dataclasses.replace(self.worker, diagnose=diagnose)
-                result = evaluate(path, self.tasks(split), worker, judge=self.judge,
+                result = evaluate(program, self.tasks(split), worker, judge=self.judge,
                                   backend=self.backend)  # fmt: skip
                 scores[split] = {
                     "overall": result.scores["overall"],

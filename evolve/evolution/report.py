@@ -23,12 +23,12 @@ from typing import Any
 from jinja2 import Environment
 from markupsafe import Markup, escape
 
+from contract.spec import COMPONENTS
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import local_time, split_fitness
-from evolve.stagecache import COMPONENTS
 
 TEMPLATE = "report.html.j2"  # beside this module
 COLOURS = {"F": "#1f77b4", "T": "#ff7f0e", "P": "#2ca02c", "M": "#d62728", "A": "#9467bd"}

@@ -22,9 +22,9 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from contract.spec import CONTRACT_VERSION
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
-from evolve.program import CONTRACT_VERSION
 from sandbox.check import check_program
 
 TEST_SPLIT = "test"

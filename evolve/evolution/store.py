@@ -12,6 +12,8 @@ Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
 
 Invariants:
 
+- Only this module knows the layout: other code asks for :meth:`RunStore.source_path` and
+  :meth:`RunStore.traces_path`.
 - Every file write is atomic: a temporary ``.tmp-*`` file in the same folder, fsync,
   ``os.replace``, fsync of the folder. Readers see the old file or the new one, never a torn
   one. A crash may leave a ``.tmp-*`` file or a ``.py`` without its ``.json``; neither is
@@ -24,13 +26,14 @@ Invariants:
   its row, a row behind an update). Events live only in SQLite: losing ``index.sqlite`` loses
   the event log, never a candidate or the state. An index SQLite calls corrupt is moved aside
   (``index.sqlite.corrupt-<time>``) and rebuilt from the files, said once.
-- Damaged files never take a run down (design §4's hostile-input rule). A candidate is read
-  only if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded
-  sha256; otherwise :meth:`RunStore.candidates` skips it, reporting the file in one line
-  (:func:`evolve.models.damaged`), and :meth:`RunStore.get` / :meth:`RunStore.source` raise
-  :class:`DamagedFile` naming it. Adding the source of a candidate whose ``.py`` was lost
-  restores the file. A damaged ``state.json`` is reported and its round counters are rebuilt
-  from the candidates; a damaged manifest keeps the run from opening, with the file named.
+- Damaged files never take a run down (design §4's hostile-input rule). A candidate is read only
+  if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
+  (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips
+  it, reporting the file in one line (:func:`evolve.models.damaged`), and :meth:`RunStore.get` /
+  :meth:`RunStore.source` raise :class:`DamagedFile` naming it. Adding the source of a candidate
+  whose ``.py`` was lost restores the file. A damaged ``state.json`` is reported and its round
+  counters are rebuilt from the candidates; a damaged manifest keeps the run from opening, with
+  the file named.
 - Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
   by exclusively creating its claim file, so two writers cannot take the same number; a crash
   after the claim leaves a gap in the numbering, never a reused number.
@@ -56,9 +59,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
-
-from evolve.datasets.types import CAPABILITIES
+from evolve.evolution.candidate import STAGES as STAGES  # re-exported
+from evolve.evolution.candidate import STATUSES as STATUSES  # re-exported
+from evolve.evolution.candidate import (
+    CandidateMeta,
+    DamagedFile,
+    parse_meta,
+    read_meta,
+    source_problem,
+)
 from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
 from evolve.evolution.scrub import scrub_secrets
 from evolve.models import damaged, is_corrupt, set_aside, why
@@ -66,15 +75,12 @@ from evolve.trace import QuestionTrace, read_trace
 
 T = TypeVar("T")
 
-STAGES = ("seed", "cold_start", "refinement", "integration")
-STATUSES = ("proposed", "rejected", "evaluated", "failed")
 BUSY_TIMEOUT_S = 60.0
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _META_FILE = re.compile(r"c(\d{4,})-[0-9a-f]{8}\.json")
 _CREATE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 _IMMUTABLE = frozenset({"id", "number", "source_sha256"})
-_ALLOWED = {"stage": STAGES, "status": STATUSES, "capability": (*CAPABILITIES, None)}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS candidates (
@@ -96,45 +102,6 @@ class RunNotFound(Exception):
 
 class CandidateNotFound(LookupError):
     """No candidate matches an id or prefix, or a prefix matches several."""
-
-
-class DamagedFile(ValueError):
-    """A run file is there but cannot be read as what it should hold; the message names it."""
-
-
-class CandidateMeta(BaseModel):
-    """What the store knows about one candidate; the ``.json`` file holds exactly this."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str  # "c0007-<first 8 hex of the source sha256>"
-    number: int  # 0-based creation order
-    parents: list[str]
-    stage: str
-    capability: str | None  # the target capability, one of CAPABILITIES
-    message: str  # one line
-    source_sha256: str
-    status: str
-    sandbox: dict[str, Any] | None  # the sandbox report (CheckReport.as_json())
-    scores: dict[str, dict[str, Any]]  # split -> {"overall": {...}, "by_capability": {...}}
-    usage: dict[str, Any]  # tokens and cost spent producing and evaluating it
-    seconds: float
-    created: float  # unix time
-    frozen: bool = False
-    attempts: list[str] = []  # why each earlier attempt of its round failed (repair feedback)
-
-    @field_validator("stage", "status", "capability")
-    @classmethod
-    def _known(cls, value: str | None, info: ValidationInfo) -> str | None:
-        allowed = _ALLOWED[str(info.field_name)]
-        if value not in allowed:
-            raise ValueError(f"unknown {info.field_name} {value!r}; expected one of {allowed}")
-        return value
-
-    @field_validator("message")
-    @classmethod
-    def _one_line(cls, value: str) -> str:
-        return " ".join(value.split())
 
 
 _COLUMNS = tuple(CandidateMeta.model_fields)
@@ -271,11 +238,11 @@ class RunStore:
         sha = hashlib.sha256(data).hexdigest()
         for path in self._candidates.glob(f"c*-{sha[:8]}.json"):
             try:
-                existing = self._read_meta(path)
+                existing = read_meta(path)
             except DamagedFile:
                 continue  # its record is lost: this source becomes a new candidate
             if existing.source_sha256 == sha:
-                problem = self._source_problem(existing)
+                problem = source_problem(path.with_suffix(".py"), existing)
                 if problem:
                     _write_atomic(path.with_suffix(".py"), data)
                     damaged(f"{problem}: restored from the identical source")
@@ -306,26 +273,34 @@ class RunStore:
     def get(self, candidate_id: str) -> CandidateMeta:
         """A candidate by id or unique prefix (``"c0007"``); CandidateNotFound otherwise,
         DamagedFile if its ``.json`` does not load."""
-        return self._read_meta(self._meta_path(candidate_id))
+        return read_meta(self._meta_path(candidate_id))
 
     def source(self, candidate_id: str) -> str:
         """The candidate's source, byte for byte as added; DamagedFile if the ``.py`` is
         missing or not the recorded source."""
         meta = self.get(candidate_id)
-        problem = self._source_problem(meta)
+        problem = source_problem(self._candidates / f"{meta.id}.py", meta)
         if problem:
             raise DamagedFile(problem)
-        return (self._candidates / f"{meta.id}.py").read_bytes().decode()
+        return self.source_path(meta.id).read_bytes().decode()
+
+    def source_path(self, candidate_id: str) -> Path:
+        """The file holding a candidate's source (by id or unique prefix)."""
+        return self._meta_path(candidate_id).with_suffix(".py")
+
+    def traces_path(self, candidate_id: str, split: str) -> Path:
+        """The file holding a candidate's traces on ``split`` (by id or unique prefix)."""
+        return self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
 
     def write_traces(self, candidate_id: str, split: str, traces: list[QuestionTrace]) -> None:
         """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
         lines = "".join(t.to_json() + "\n" for t in traces)
-        path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
+        path = self.traces_path(candidate_id, split)
         _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
 
     def traces(self, candidate_id: str, split: str) -> list[QuestionTrace]:
         """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
-        path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
+        path = self.traces_path(candidate_id, split)
         try:
             text = gzip.decompress(path.read_bytes()).decode("utf-8")
         except FileNotFoundError:
@@ -353,7 +328,7 @@ class RunStore:
         for path in self._meta_paths():
             try:
                 data = path.read_bytes()
-                rows.append(_row(self._parse(path, data), data.decode()))
+                rows.append(_row(parse_meta(path, data), data.decode()))
             except (OSError, DamagedFile):
                 continue  # reported by candidates()
 
@@ -484,47 +459,17 @@ class RunStore:
         rows = self._transact(lambda c: c.execute("SELECT id, meta FROM candidates").fetchall())
         return files == {i: m.encode() for i, m in rows}
 
-    def _parse(self, path: Path, data: bytes) -> CandidateMeta:
-        try:
-            meta = CandidateMeta.model_validate_json(data)
-        except ValueError as exc:  # pydantic's ValidationError included
-            raise DamagedFile(f"candidate file {path} is damaged ({why(exc)})") from None
-        expected = f"c{meta.number:04d}-{meta.source_sha256[:8]}"
-        if not path.stem == meta.id == expected:
-            raise DamagedFile(f"candidate file {path} is damaged (it describes {meta.id!r})")
-        return meta
-
-    def _read_meta(self, path: Path) -> CandidateMeta:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise DamagedFile(f"candidate file {path} is unreadable ({why(exc)})") from None
-        return self._parse(path, data)
-
-    def _source_problem(self, meta: CandidateMeta) -> str | None:
-        """Why the candidate's ``.py`` cannot be used, or None when it is its recorded source."""
-        path = self._candidates / f"{meta.id}.py"
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return f"candidate source {path} is missing"
-        except OSError as exc:
-            return f"candidate source {path} is unreadable ({why(exc)})"
-        if hashlib.sha256(data).hexdigest() != meta.source_sha256:
-            return f"candidate source {path} is damaged (not the source its sha256 records)"
-        return None
-
     def _scan(self) -> tuple[list[CandidateMeta], list[str]]:
         """The readable candidates and one line per damaged one."""
         kept: list[CandidateMeta] = []
         problems: list[str] = []
         for path in self._meta_paths():
             try:
-                meta = self._read_meta(path)
+                meta = read_meta(path)
             except DamagedFile as exc:
                 problems.append(str(exc))
                 continue
-            problem = self._source_problem(meta)
+            problem = source_problem(self._candidates / f"{meta.id}.py", meta)
             if problem:
                 problems.append(problem)
             else:
