@@ -1,4 +1,4 @@
-"""Benchmark: how much compact diagnostic cases (design §4) shrink full cases (not a test).
+"""Benchmark: how much compact diagnostic cases (docs/design.md §4) shrink full cases (not a test).
 
 On BEAM-100K train, builds each question's *full* case — question, reference answer, every
 evidence message with its whole session as source text, a retrieved text, and per evidence

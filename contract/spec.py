@@ -1,6 +1,6 @@
 """The memory-program contract: what a program file must define, in one specification.
 
-A memory program is one Python module (design §1). It must define:
+A memory program is one Python module (docs/design.md §1). It must define:
 
 - ``EXTRACTION_INSTRUCTION``, ``PLANNING_INSTRUCTION``, ``ANSWER_INSTRUCTION`` — non-empty
   strings given to the task LLM for the Extraction, Planning and Answer components.

@@ -57,7 +57,7 @@ class RunConfig(BaseModel):
     max_tokens: NonNegativeInt | None = None
     reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
     repairs: NonNegativeInt = REPAIRS  # repair attempts after a proposal that fails
-    # ablations (design §4): no capabilities; how refinement picks its target; which cases
+    # ablations (docs/design.md §4): no capabilities; how refinement picks its target; which cases
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
     cases: Literal["worst", "random"] = "worst"

@@ -1,4 +1,4 @@
-"""Cold-start stage diagnostics (design §4, stage 1): where in the pipeline evidence gets lost.
+"""Cold-start stage diagnostics: where in the pipeline evidence gets lost (docs/design.md §4).
 
 For a task with evidence set E and one embedding matcher φ, s(e, Z) = max over z in Z of
 cos(φ(e), φ(z)), and per evidence snippet e:

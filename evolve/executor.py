@@ -1,6 +1,6 @@
 """Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
 
-The executor is the parent side of execution (design §2). It never runs program code itself:
+The executor is the parent side of execution (docs/design.md §2). It never runs program code itself:
 each conversation is a job for :func:`evolve.session.run_conversation` on a backend
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
 model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the

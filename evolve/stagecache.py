@@ -1,6 +1,6 @@
 """Stage reuse: cache keys over the component fingerprints, and the stage store.
 
-Owns two things (design §2); the fingerprints are :mod:`sandbox.fingerprint`'s:
+Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerprint`'s:
 
 1. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
    the model signature, the evaluator version and a digest of the input data, so a key changes

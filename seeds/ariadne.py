@@ -1,6 +1,6 @@
 """AriadneMem seed: a gated, coarsened memory graph with bridge discovery and path mining.
 
-After "AriadneMem: Threading the Maze of Lifelong Memory for LLM Agents" (design §7).
+After "AriadneMem: Threading the Maze of Lifelong Memory for LLM Agents" (docs/design.md §7).
 
 Phase I, indexing (``Memory.index``, once per session, in history order):
 

@@ -1,5 +1,5 @@
 """LongMemEval: the fixture through loader, split rule and judge scorer (no LongMemEval data
-ships here; tests/fixtures/longmemeval/ follows the released format, benchmarks.md §3.1)."""
+ships here; tests/fixtures/longmemeval/ follows the released format, docs/benchmarks.md §3.1)."""
 
 from __future__ import annotations
 

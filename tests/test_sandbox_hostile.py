@@ -1,5 +1,5 @@
-"""A hostile corpus for the sandbox (design §5): every program here must be rejected, and the
-check must contain it.
+"""A hostile corpus for the sandbox (docs/design.md §5): every program here must be rejected,
+and the check must contain it.
 
 Each case names the tier (and, where it is stable, the rule id) that is expected to stop it,
 so this file documents where each attack is stopped:
@@ -168,7 +168,7 @@ def runtime(id: str, source: str, tier: int | tuple[int, ...], *rules: str, **kw
     return Case(id, source, tier, rules, runtime=True, **kw)
 
 
-# Schema and signature errors: tier 2 (design §5); loading checks only the names.
+# Schema and signature errors: tier 2 (docs/design.md §5); loading checks only the names.
 SCHEMA = 2
 DYNAMIC_FORMAT = '("{0." + "_" * 2 + "globals" + "_" * 2 + "}").format(render)'
 FORGE_TOP = """

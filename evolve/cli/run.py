@@ -103,7 +103,7 @@ def add_command(sub: Any) -> None:
         "stage reuse is measured against; bench/run_reuse.py)",
     )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
-    ablations = run.add_argument_group("ablations (design §4)")
+    ablations = run.add_argument_group("ablations (docs/design.md §4)")
     ablations.add_argument(
         "--holistic", action="store_true", help="no capabilities: no targets, no specialists"
     )

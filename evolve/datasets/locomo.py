@@ -4,7 +4,7 @@ Owns reading ``<data_dir>/locomo/locomo10.json`` (else the one-conversation
 ``locomo-sample.json``; format in docs/benchmarks.md §4.1), the category -> capability map and
 ``splits/locomo.json`` (built by :func:`build_splits`, read by :func:`load_taskset`).
 
-Capability map (design §3; the category number stays authoritative in ``Question.ability``,
+Capability map (docs/design.md §3; the category number stays authoritative in ``Question.ability``,
 e.g. ``"category_2_temporal"``, and in ``meta["category"]``):
 1 multi-hop -> M (answers combine turns from several sessions), 2 temporal -> T,
 3 open-domain / commonsense inference -> F (a fact about a speaker plus world knowledge),

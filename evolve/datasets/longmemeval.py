@@ -1,7 +1,8 @@
 """LongMemEval loader and split rule: the released JSON files -> `Conversation`s and `Question`s.
 
 Owns reading ``<data_dir>/longmemeval/`` (format in docs/benchmarks.md §3.1), the native
-capability map (design §3) and the split rule of ``splits/longmemeval.json`` (design §6).
+capability map (docs/design.md §3) and the split rule of ``splits/longmemeval.json``
+(docs/design.md §6).
 
 Files, looked up in this order per variant (the first that exists is read):
 
@@ -85,7 +86,7 @@ DEFAULT_SPLIT = "valid"  # what `evolve eval` scores unless told otherwise (as f
 DEFAULT_SPLITS_FILE = split_file("longmemeval.json")
 
 RELEASE_QUESTIONS = 500
-RELEASE_PER_TYPE: dict[str, int] = {  # benchmarks.md §3.2
+RELEASE_PER_TYPE: dict[str, int] = {  # docs/benchmarks.md §3.2
     "single-session-user": 70,
     "single-session-assistant": 56,
     "single-session-preference": 30,

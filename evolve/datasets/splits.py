@@ -1,6 +1,6 @@
 """Split files: build them deterministically from a seed, write them, and verify them.
 
-Owns ``splits/beam.json``. BEAM (design §6): the BEAM-100K conversations found on disk, in
+Owns ``splits/beam.json``. BEAM (docs/design.md §6): the BEAM-100K conversations found on disk, in
 numeric order, are shuffled with ``random.Random(seed)``; the first 8 are train, the next 6
 valid, the last 6 holdout. Test is every BEAM-1M conversation with a chat file in the data dir.
 
@@ -32,9 +32,6 @@ BEAM_GENERATOR = (
     "evolve.datasets.splits.build_beam_splits: BEAM-100K conversation numbers in numeric order, "
     "shuffled with random.Random(seed); first 8 = train, next 6 = valid, last 6 = holdout; "
     "test = every BEAM-1M conversation with a chat file in the data dir (numeric order)"
-)
-DEFAULT_DATA_DIR = Path(
-    os.environ.get("EVOLVE_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data"
 )
 
 
@@ -120,11 +117,18 @@ def verify_beam_splits(data_dir: Path, path: Path | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build or check splits/beam.json.")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument(
+        "--data-dir", type=Path, default=os.environ.get("EVOLVE_DATA"),
+        help="the folder holding beam/ (default: $EVOLVE_DATA)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--check", action="store_true", help="verify instead of writing")
     args = parser.parse_args(argv)
+    if args.data_dir is None:
+        print("error: no data directory: pass --data-dir or set EVOLVE_DATA", file=sys.stderr)
+        return 2
+    args.data_dir = Path(args.data_dir)
     try:
         if args.check:
             problems = verify_beam_splits(args.data_dir, args.out)

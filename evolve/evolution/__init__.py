@@ -1,1 +1,1 @@
-"""Evolution (design §4): the run store, proposers that turn parents into candidate children."""
+"""Evolution (docs/design.md §4): the run store, proposers, the loop and its selection."""

@@ -1,4 +1,4 @@
-"""Capability annotation: one primary and up to two secondary capabilities per task (design §3).
+"""Capability annotation: each task's primary and secondary capabilities (docs/design.md §3).
 
 Owns :class:`Labels`, :func:`native_labels` and :func:`annotate`.
 

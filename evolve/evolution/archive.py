@@ -5,7 +5,7 @@ Owns :func:`fitness`, :func:`question_fitness`, :func:`improves` (the paired boo
 
 - **Fitness** of a score block (overall, one capability, or one question) is the mean of
   evidence similarity and evidence hit rate, the offline retrieval signal.
-- **Acceptance is a paired test, not a raw difference** (design §4, capability-level
+- **Acceptance is a paired test, not a raw difference** (docs/design.md §4, capability-level
   evaluation): a challenger replaces the holder only when, over the valid questions both were
   scored on (of the capability in question, or all of them for the best overall), the
   bootstrap of the mean per-question difference puts at least :data:`CONFIDENCE` of its mass

@@ -1,5 +1,5 @@
 """Cases shown to a proposer: the parent's failing train questions, and paired differential
-cases between two programs, made compact as design §4 describes.
+cases between two programs, made compact as docs/design.md §4 describes.
 
 Owns :func:`failing_cases`, :func:`differential_cases` and :data:`UnitsOf`. A case holds what a
 coder needs to see why retrieval missed: the question and reference answer, each evidence

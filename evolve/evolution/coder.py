@@ -1,4 +1,4 @@
-"""The LLM coder: a proposer that asks a coding model (role ``coder``) for a patch (design §4).
+"""The LLM coder: a proposer asking a coding model (role ``coder``) for a patch (docs/design.md §4).
 
 Owns the coder's prompt (:func:`system_prompt`, :func:`render_request`), the reply format and
 its parser (:func:`apply_reply`: search/replace blocks plus a one-line message, whole-file
@@ -19,7 +19,7 @@ Invariants:
   exactly once (else the reply is refused with the reason, which becomes repair feedback). A
   reply with no block is used whole when it holds one fenced Python program defining
   ``class Memory``; anything else is refused.
-- History-guided diagnosis (design §4): when there are cases, the model first writes a short
+- History-guided diagnosis (docs/design.md §4): when there are cases, the model first writes a short
   diagnosis (stage ``<stage>/diagnose``) from the cases and the history of earlier revisions of
   the target capability, then patches with its diagnosis in view. Integration shows both
   sides' changes against their common ancestor and paired differential cases.

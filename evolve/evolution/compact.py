@@ -1,4 +1,4 @@
-"""Compact diagnostic cases (design §4): long texts cut into spans, the most relevant kept.
+"""Compact diagnostic cases (docs/design.md §4): long texts cut into spans, the most relevant kept.
 
 Owns :data:`EXCERPT_CHARS`, :class:`Span`, :class:`Target` and five functions:
 :func:`split_spans` (a text's spans), :func:`case_targets` (what a case's excerpts should

@@ -1,4 +1,4 @@
-"""The evolution loop: cold start, capability refinement, trace-guided integration (design §4).
+"""The evolution loop: cold start, refinement, trace-guided integration (docs/design.md §4).
 
 One round = ask the proposer for a child (:class:`~evolve.evolution.proposer.Proposer`: the LLM
 coder when a coder model is configured, else the offline proposer), check it in the sandbox

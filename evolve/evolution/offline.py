@@ -1,4 +1,4 @@
-"""Offline proposer: evolve a program's tunable constants without an LLM (design §4).
+"""Offline proposer: evolve a program's tunable constants without an LLM (docs/design.md §4).
 
 Owns :func:`tunables` (find a program's module-level numeric and boolean constants and their
 ranges) and :class:`OfflineProposer`, which mutates them as source patches, steered by the

@@ -1,4 +1,4 @@
-"""Routing baselines for integration (design §4, stage 3): an integrated program must beat
+"""Routing baselines for integration (docs/design.md §4, stage 3): an integrated program must beat
 sending each question to one specialist.
 
 Owns :func:`routed_fitness`, :func:`question_routes` and :func:`compare`.

@@ -1,4 +1,4 @@
-"""Which capability a refinement round targets (design §4, stage 2).
+"""Which capability a refinement round targets (docs/design.md §4, stage 2).
 
 Owns :func:`capability_fitness`, :func:`dependency_aware` (the default) and
 :func:`round_robin` (an ablation). Both are deterministic functions of their inputs.

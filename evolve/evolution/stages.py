@@ -1,4 +1,5 @@
-"""What each stage looks at before it asks for a child (design §4): targets, history, partners.
+"""What each stage looks at before it asks for a child (docs/design.md §4): targets, history,
+partners.
 
 Owns :func:`refinement_target`, :func:`history`, :func:`partners` and :func:`common_ancestor`.
 All are pure functions of the store's candidates and the task labels, so a replayed round sees

@@ -26,7 +26,7 @@ Invariants:
   its row, a row behind an update). Events live only in SQLite: losing ``index.sqlite`` loses
   the event log, never a candidate or the state. An index SQLite calls corrupt is moved aside
   (``index.sqlite.corrupt-<time>``) and rebuilt from the files, said once.
-- Damaged files never take a run down (design §4's hostile-input rule). A candidate is read only
+- Damaged files never take a run down: each is reported, never fatal. A candidate is read only
   if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
   (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips
   it, reporting the file in one line (:func:`evolve.models.damaged`), and :meth:`RunStore.get` /

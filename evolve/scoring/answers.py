@@ -4,7 +4,7 @@ Owns :class:`Judged`, the :class:`AnswerScorer` protocol, :func:`prompt_sha256` 
 :func:`make_scorer`. Implementations live one module per benchmark —
 :mod:`evolve.scoring.beam_judge`, :mod:`evolve.scoring.locomo`,
 :mod:`evolve.scoring.longmemeval` — each following its benchmark authors' protocol
-(``benchmarks.md`` §2.5, §3.3, §4.3).
+(docs/benchmarks.md §2.5, §3.3, §4.3).
 
 Invariants:
 

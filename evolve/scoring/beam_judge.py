@@ -1,4 +1,4 @@
-"""BEAM's answer scoring: the rubric judge in two variants, and event ordering (benchmarks.md §2.5).
+"""BEAM's answer scoring: rubric judge (two variants), event ordering (docs/benchmarks.md §2.5).
 
 Owns :class:`Scorer` (the :class:`~evolve.scoring.answers.AnswerScorer` for ``beam``), the judge
 prompt templates (our own wording of the protocol) and the BEAM headline numbers.

@@ -1,4 +1,4 @@
-"""LoCoMo's answer scoring under its two published protocols (benchmarks.md §4.3).
+"""LoCoMo's answer scoring under its two published protocols (docs/benchmarks.md §4.3).
 
 Owns :class:`Scorer` (the :class:`~evolve.scoring.answers.AnswerScorer` for ``locomo``), the
 judge prompt (our own wording of the Mem0 paper's criteria) and the three token metrics.

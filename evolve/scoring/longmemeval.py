@@ -1,4 +1,4 @@
-"""LongMemEval's answer scoring: the per-type yes/no judge (benchmarks.md §3.3).
+"""LongMemEval's answer scoring: the per-type yes/no judge (docs/benchmarks.md §3.3).
 
 Owns :class:`Scorer` (the :class:`~evolve.scoring.answers.AnswerScorer` for ``longmemeval``),
 the judge prompt templates (our own wording of the official criteria) and the LongMemEval

@@ -1,6 +1,6 @@
 """Offline scoring: retrieval-side metrics that need no LLM.
 
-Per question (design §4), with one embedding matcher φ (all-MiniLM-L6-v2):
+Per question (docs/design.md §4), with one embedding matcher φ (all-MiniLM-L6-v2):
 
 - ``evidence_similarity`` — mean over the question's evidence messages e of
   s(e, R) = max over retrieved blocks r of cos(φ(e), φ(r)). The retrieved text is cut at
@@ -11,7 +11,7 @@ Per question (design §4), with one embedding matcher φ (all-MiniLM-L6-v2):
 - ``evidence_recall`` — share of evidence messages whose opening (first
   :data:`VERBATIM_CHARS` characters, whitespace-normalised) appears verbatim in the retrieved
   text: exact, but meaningful only for programs that keep messages verbatim (as offline
-  extraction does); comparable to the floors in benchmarks.md §2.7.
+  extraction does); comparable to the floors in docs/benchmarks.md §2.7.
 - ``answer_recall`` — share of the gold answer's content words (lower-cased, Porter-stemmed,
   stopwords removed) present in the retrieved text.
 

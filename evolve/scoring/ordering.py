@@ -1,4 +1,4 @@
-"""Event-ordering scores (BEAM, benchmarks.md §2.5): align answer lines to gold items, then
+"""Event-ordering scores (BEAM, docs/benchmarks.md §2.5): align answer lines to gold items, then
 compare the orders with Kendall τ-b.
 
 Owns :func:`answer_lines`, :func:`align`, :func:`rank_vectors`, :func:`kendall_tau_b` and
