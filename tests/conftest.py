@@ -1,11 +1,33 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the switches that turn a skip into a failure.
+
+A test that needs something the machine may lack (Chromium, a model server, Ray, root) skips
+and says why, unless its switch is set to ``require`` (``.ci/run`` sets them all):
+``PRISMEM_CHROMIUM``, ``PRISMEM_REAL_LLM``, ``PRISMEM_RAY``, ``PRISMEM_ROOT_TESTS``.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+
+Unavailable = Callable[[str, str], NoReturn]  # (switch, why)
+
+
+def skip_or_fail(switch: str, why: str) -> NoReturn:
+    """Skip with ``why``; fail instead when the environment variable ``switch`` is ``require``."""
+    if os.environ.get(switch) == "require":
+        pytest.fail(f"{why} ({switch}=require)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def unavailable() -> Unavailable:
+    """:func:`skip_or_fail`, for tests that find out at run time what they lack."""
+    return skip_or_fail
 
 
 @pytest.fixture(scope="session")

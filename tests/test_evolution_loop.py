@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import Unavailable
 
 from evolve.cli import main
 from evolve.datasets.slices import write_slice
@@ -189,7 +190,9 @@ def test_network_check_catches_each_kind_of_reference(snippet: str, kind: str):
 REPORT_SECTIONS = ("summary", "matrix", "lineage", "progress", "spend", "cache", "integration")
 
 
-def test_report_is_self_contained_and_renders(uninterrupted: RunStore, tmp_path: Path):
+def test_report_is_self_contained_and_renders(
+    uninterrupted: RunStore, tmp_path: Path, unavailable: Unavailable
+):
     """`evolve report` writes one HTML file with every section; headless Chromium renders it
     (DOM dumped, screenshot taken) with no network."""
     page = tmp_path / "report.html"
@@ -209,10 +212,7 @@ def test_report_is_self_contained_and_renders(uninterrupted: RunStore, tmp_path:
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        why = "chromium is not installed: see the README"
-        if os.environ.get("PRISMEM_CHROMIUM") == "require":
-            pytest.fail(why)
-        pytest.skip(why)
+        unavailable("PRISMEM_CHROMIUM", "chromium is not installed: see the README")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000"]
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120, check=True).stdout  # fmt: skip
