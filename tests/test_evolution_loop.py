@@ -6,6 +6,7 @@ test double: the numbers mean nothing, but they are deterministic, which resume 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,9 +22,9 @@ from conftest import Unavailable
 
 from evolve.cli import main
 from evolve.datasets.slices import write_slice
-from evolve.evolution.archive import fitness
+from evolve.evolution.archive import improves
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
-from evolve.evolution.store import RunStore
+from evolve.evolution.store import CandidateMeta, RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = {"cold_start": 1, "refinement": 2, "integration": 1}
@@ -33,6 +35,19 @@ def config(data_dir: Path, cache: Path, **over: object) -> RunConfig:
             "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
             "conversations": 1}  # fmt: skip
     return RunConfig(**{**base, **over})  # type: ignore[arg-type]
+
+
+def beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:
+    """The paired test on valid, on one capability's questions (None: all of them)."""
+
+    def questions(c: CandidateMeta) -> dict[str, float]:
+        caps = c.scores["valid"]["question_capabilities"]
+        per = c.scores["valid"]["questions"]
+        return {q: v for q, v in per.items() if capability in (None, caps[q])}
+
+    return improves(
+        questions(new), questions(old), f"{new.source_sha256}|{old.source_sha256}|{capability}"
+    )
 
 
 def archive(store: RunStore) -> list[tuple[str, str, str, list[str]]]:
@@ -64,10 +79,12 @@ def test_loop_fills_the_archive(uninterrupted: RunStore):
         assert set(c.scores) == {"train", "valid"} and c.sandbox and c.sandbox["passed"]
     best = best_overall(candidates)
     assert best is not None
-    assert fitness(best.scores["valid"]["overall"]) >= fitness(
-        candidates[0].scores["valid"]["overall"]
-    )
-    assert set(specialists(candidates)) == {"F", "T", "P", "M", "A"}
+    assert not [c for c in evaluated if beats(c, best, None)]  # nothing the paired test prefers
+    kept = specialists(candidates)
+    assert set(kept) == {"F", "T", "P", "M", "A"}  # the seed fills every slot first ...
+    promoted = {cap: c for cap, c in kept.items() if c.stage != "seed"}
+    assert promoted  # ... and a child took at least one by the paired test:
+    assert all(beats(c, candidates[0], cap) for cap, c in promoted.items())
     state = uninterrupted.load_state()
     assert state["rounds"] == ROUNDS and state["best"] == best.id
     assert state["round_costs"] == [{"usd": 0.0, "tokens": 0}] * sum(ROUNDS.values())
@@ -85,36 +102,54 @@ def test_resume_with_a_higher_cap_matches_an_uninterrupted_run(
     assert archive(RunStore.open(tmp_path, "capped")) == archive(uninterrupted)
 
 
+# Where the SIGKILL test kills `evolve run`: when the n-th candidate file appears (its
+# evaluation has just started) or when n candidates are evaluated (between rounds or inside
+# the next proposal). Each point is reached in a fresh process: the previous one was killed.
+KILL_POINTS = [("filed", 1), ("evaluated", 1), ("filed", 3), ("evaluated", 4)]
+
+
 def test_sigkill_then_resume_matches_an_uninterrupted_run(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
-    """Kill `evolve run` at several points (SIGKILL), resume each time, compare the archive."""
+    """Kill `evolve run` at every point of :data:`KILL_POINTS` (SIGKILL), resume each time;
+    no candidate is evaluated twice or lost, and the archive equals an uninterrupted run's."""
     argv = [sys.executable, "-m", "evolve.cli", "run", "--data-dir", str(data_dir),
             "--rounds", "1,2,1", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
             "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = _start(argv)
     run_dir = _wait_for_run(tmp_path)
-    kills = 0
-    for wanted in (2, 4):  # candidates on disk before each kill
-        if _wait_for_candidates(run_dir, wanted, proc):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            resume = [*argv, "--resume", run_dir.name]
-            proc = subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)  # fmt: skip
+    for point in KILL_POINTS:
+        assert _wait_for(run_dir, point, proc), f"the run ended before {point}"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc = _start([*argv, "--resume", run_dir.name])
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]
-    assert kills >= 1
     store = RunStore.open(tmp_path, run_dir.name)
     assert archive(store) == archive(uninterrupted)
+    started = Counter(e["data"]["candidate"] for e in store.events("evaluating"))
+    filed = Counter(e["data"]["candidate"] for e in store.events("evaluated"))
+    evaluated = {c.id for c in store.candidates() if c.status == "evaluated"}
+    assert max(filed.values()) == 1 and set(filed) <= evaluated  # none evaluated twice
+    assert set(started) == evaluated  # none lost: every evaluation started was finished
+    # a start after the candidate's own "evaluated" event would be a second evaluation
+    done: set[str] = set()
+    for event in store.events():
+        who = event["data"].get("candidate")
+        assert not (event["kind"] == "evaluating" and who in done), f"{who} evaluated again"
+        if event["kind"] == "evaluated":
+            done.add(who)
     manifest = store.manifest  # what the run started from, hashed
     train = manifest["data"]["train"]
     assert len(train) == 3 and all(len(h) == 64 for h in train.values())
     assert manifest["seed"]["sha256"] == uninterrupted.candidates()[0].source_sha256
     assert manifest["packages"]["numpy"] and manifest["models"]["coder"] is None
+
+
+def _start(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
 
 
 def _wait_for_run(runs: Path, timeout: float = 60) -> Path:
@@ -127,12 +162,24 @@ def _wait_for_run(runs: Path, timeout: float = 60) -> Path:
     raise AssertionError("the run folder never appeared")
 
 
-def _wait_for_candidates(run: Path, n: int, proc: subprocess.Popen[bytes]) -> bool:
+def _wait_for(run: Path, point: tuple[str, int], proc: subprocess.Popen[bytes]) -> bool:
+    """Wait until ``point`` holds while ``proc`` runs; False when it exited first."""
+    kind, n = point
     while proc.poll() is None:
-        if len(list((run / "candidates").glob("*.json"))) >= n:
+        metas = list((run / "candidates").glob("*.json"))
+        if kind == "evaluated":
+            metas = [m for m in metas if _status(m) == "evaluated"]
+        if len(metas) >= n:
             return True
-        time.sleep(0.05)
+        time.sleep(0.02)
     return False
+
+
+def _status(meta: Path) -> str | None:
+    try:
+        return json.loads(meta.read_bytes()).get("status")
+    except (OSError, ValueError):  # replaced between the listing and the read
+        return None
 
 
 @pytest.mark.parametrize("seed", ["prism", "ariadne"])

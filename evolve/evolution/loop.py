@@ -29,7 +29,8 @@ spent, and is saved after each finished round. Proposals are deterministic in th
 (offline: seeded; coder: its replies come from the request cache on a replay), and the store
 returns the existing candidate for a source it already holds, so a round interrupted
 anywhere — even by SIGKILL — is replayed to the same candidate, and an evaluated candidate is
-never evaluated again.
+never evaluated again. Each evaluation logs an ``evaluating`` event when it starts and an
+``evaluated`` event when it is filed, so a run's event log shows what was evaluated how often.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class Evolution:
         self.proposer: Proposer = (
             CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
         )
+        # the offline proposer reads constants and scores, never cases: none are built for it
+        self.builds_cases = not isinstance(self.proposer, OfflineProposer)
         self._backend: Backend | None = None  # started on the first evaluation
         self.judge = None
         if config.judge_model is not None:
@@ -271,7 +274,8 @@ class Evolution:
         return self._labels
 
     def request(self, stage: str, round_no: int, stage_round: int = 0) -> Request:
-        """What the proposer sees this round (train only; never valid cases, never test).
+        """What the proposer sees this round (train only; never valid cases, never test);
+        failing and differential cases only for a proposer that reads them.
 
         A candidate still "proposed" is this round's own child from before an interruption:
         the request is built without it, exactly as the uninterrupted round saw the run, and
@@ -292,34 +296,48 @@ class Evolution:
             parent, kept.specialists, round_no)  # fmt: skip
         ancestor: Program | None = None
         differential: tuple[dict[str, Any], ...] = ()
+        cases: tuple[dict[str, Any], ...] = ()
         if others:
             common = common_ancestor(candidates, parent, others[0])
             ancestor = self._program(common) if common is not None else None
+        if others and self.builds_cases:
             differential = differential_cases(
                 traces, self.store.traces(others[0].id, "train"), train, self.embedder
             )
-        seed = f"{self.config.rng_seed}:{round_no}"
+        if self.builds_cases:
+            cases = self._failing_cases(parent, traces, target, labels, round_no)
         return Request(
             stage=stage,
             round_no=round_no,
             parent=self._program(parent),
             target=target,
             specialists=tuple(self._program(s) for s in others),
-            cases=failing_cases(
-                traces,
-                train,
-                target,
-                labels=labels,
-                mode=self.config.cases,
-                seed=seed,
-                embedder=self.embedder,
-                units_of=self._units_of(self.store.source(parent.id)),
-            ),  # fmt: skip
+            cases=cases,
             history=history(candidates, labels, target),
             ancestor=ancestor,
             differential=differential,
             diagnostics=parent.scores["train"].get("diagnostics"),
             known=frozenset(c.source_sha256 for c in candidates),
+        )
+
+    def _failing_cases(
+        self,
+        parent: CandidateMeta,
+        traces: list[dict[str, Any]],
+        target: str | None,
+        labels: dict[str, Labels],
+        round_no: int,
+    ) -> tuple[dict[str, Any], ...]:
+        """The parent's failing train cases (``config.cases``: worst or a seeded random draw)."""
+        return failing_cases(
+            traces,
+            self.tasks("train"),
+            target,
+            labels=labels,
+            mode=self.config.cases,
+            seed=f"{self.config.rng_seed}:{round_no}",
+            embedder=self.embedder,
+            units_of=self._units_of(self.store.source(parent.id)),
         )
 
     def _units_of(self, source: str) -> UnitsOf:
@@ -356,7 +374,8 @@ class Evolution:
             capability=request.target,
             message=proposal.message,
         )
-        self.store.log_event("proposed", candidate=child.id, stage=stage, round=round_no)
+        self.store.log_event("proposed", candidate=child.id, stage=stage, round=round_no,
+                             cases=[case["id"] for case in request.cases])  # fmt: skip
         if child.status != "proposed":
             return  # the run holds this program already, judged
         passed = report is not None and report.passed
@@ -403,6 +422,7 @@ class Evolution:
                 message=f"{candidate.message} [rejected: {report.repair_text()}]",
             )
             return
+        self.store.log_event("evaluating", candidate=candidate.id)
         path = self.store.root / "candidates" / f"{candidate.id}.py"
         scores: dict[str, dict[str, Any]] = {}
         usage = dict(candidate.usage)
