@@ -66,6 +66,12 @@ def uninterrupted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> R
     return store
 
 
+def shared_cache(run: RunStore) -> Path:
+    """The uninterrupted run's cache: tests that compare outcomes, not stage counts, reuse it
+    (stage reuse gives the same results, so they run faster and still compare equal)."""
+    return Path(run.manifest["config"]["cache_dir"])
+
+
 def test_loop_fills_the_archive(uninterrupted: RunStore):
     candidates = uninterrupted.candidates()
     assert candidates[0].stage == "seed" and candidates[0].status == "evaluated"
@@ -94,12 +100,34 @@ def test_loop_fills_the_archive(uninterrupted: RunStore):
 def test_resume_with_a_higher_cap_matches_an_uninterrupted_run(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
-    short = config(data_dir, tmp_path / "cache", rounds={"cold_start": 1, "refinement": 1})
+    cache = shared_cache(uninterrupted)
+    short = config(data_dir, cache, rounds={"cold_start": 1, "refinement": 1})
     store = RunStore.create(tmp_path, {"config": short.as_json()}, run_id="capped")
     Evolution(store, short).run()
     assert len(store.candidates()) == 3
-    Evolution(RunStore.open(tmp_path, "capped"), config(data_dir, tmp_path / "cache")).run()
+    Evolution(RunStore.open(tmp_path, "capped"), config(data_dir, cache)).run()
     assert archive(RunStore.open(tmp_path, "capped")) == archive(uninterrupted)
+
+
+def test_run_ablations_no_integration_and_random_cases(
+    uninterrupted: RunStore, data_dir: Path, tmp_path: Path
+):
+    """`--no-integration` files no integrated candidate; `--cases random` is recorded, and the
+    offline proposer, which reads no cases, is given none."""
+    argv = ["run", "--data-dir", str(data_dir), "--rounds", "1,1,1", "--no-integration",
+            "--cases", "random", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
+            "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    (run,) = RunStore.list_runs(tmp_path)
+    store = RunStore.open(tmp_path, run["id"])
+    assert [c.stage for c in store.candidates()] == ["seed", "cold_start", "refinement"]
+    assert store.load_state()["rounds"] == {"cold_start": 1, "refinement": 1}
+    recorded = store.manifest["config"]
+    assert recorded["cases"] == "random" and recorded["rounds"]["integration"] == 0
+    proposed = store.events("proposed")
+    assert [e["data"]["stage"] for e in proposed] == ["cold_start", "refinement"]
+    assert all(e["data"]["cases"] == [] for e in proposed)
 
 
 # Where the SIGKILL test kills `evolve run`: when the n-th candidate file appears (its
@@ -115,7 +143,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
     no candidate is evaluated twice or lost, and the archive equals an uninterrupted run's."""
     argv = [sys.executable, "-m", "evolve.cli", "run", "--data-dir", str(data_dir),
             "--rounds", "1,2,1", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
-            "--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
+            "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
             "--no-progress"]  # fmt: skip
     proc = _start(argv)
     run_dir = _wait_for_run(tmp_path)
