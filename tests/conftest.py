@@ -1,4 +1,4 @@
-"""Shared pytest fixtures, and the switches that turn a skip into a failure.
+"""Shared pytest fixtures and helpers, and the switches that turn a skip into a failure.
 
 A test that needs something the machine may lack (Chromium, a model server, Ray, root) skips
 and says why, unless its switch is set to ``require`` (``.ci/run`` sets them all):
@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+
+from evolve.evolution.archive import improves
+from evolve.evolution.store import CandidateMeta
 
 Unavailable = Callable[[str, str], NoReturn]  # (switch, why)
 
@@ -38,3 +41,16 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"benchmark data not found at {path} (set EVOLVE_DATA)")
     return path
+
+
+def paired_beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:
+    """Whether ``new`` beats ``old`` by the archive's paired test on valid, on one capability's
+    questions (None: all of them): what a specialist or best-overall claim must rest on."""
+
+    def questions(c: CandidateMeta) -> dict[str, float]:
+        caps = c.scores["valid"]["question_capabilities"]
+        per = c.scores["valid"]["questions"]
+        return {q: v for q, v in per.items() if capability in (None, caps[q])}
+
+    seed = f"{new.source_sha256}|{old.source_sha256}|{capability}"
+    return improves(questions(new), questions(old), seed)

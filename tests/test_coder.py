@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import paired_beats
 
 from evolve.evolution.budget import calls_path, read_spend
 from evolve.evolution.coder import PatchError, apply_reply, render_request, system_prompt
@@ -162,7 +163,10 @@ def test_archive_repairs_and_rejection(coder_run: Evolution):
     assert hostile.sandbox and not hostile.sandbox["passed"]
     assert len(hostile.attempts) == REPAIRS and "import os" in store.source(hostile.id)
     assert merged.status == "evaluated" and merged.capability is None
-    assert set(specialists(store.candidates())) == {"F", "T", "P", "M", "A"}
+    kept = specialists(store.candidates())
+    assert hostile.id not in {c.id for c in kept.values()}
+    promoted = {cap: c for cap, c in kept.items() if c.stage != "seed"}
+    assert promoted and all(paired_beats(c, seed, cap) for cap, c in promoted.items())
     for c in (cold, fixed, merged):
         assert set(c.scores) == {"train", "valid"} and store.traces(c.id, "train")
 

@@ -18,13 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import Unavailable
+from conftest import Unavailable, paired_beats
 
 from evolve.cli import main
 from evolve.datasets.slices import write_slice
-from evolve.evolution.archive import improves
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
-from evolve.evolution.store import CandidateMeta, RunStore
+from evolve.evolution.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = {"cold_start": 1, "refinement": 2, "integration": 1}
@@ -35,19 +34,6 @@ def config(data_dir: Path, cache: Path, **over: object) -> RunConfig:
             "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
             "conversations": 1}  # fmt: skip
     return RunConfig(**{**base, **over})  # type: ignore[arg-type]
-
-
-def beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:
-    """The paired test on valid, on one capability's questions (None: all of them)."""
-
-    def questions(c: CandidateMeta) -> dict[str, float]:
-        caps = c.scores["valid"]["question_capabilities"]
-        per = c.scores["valid"]["questions"]
-        return {q: v for q, v in per.items() if capability in (None, caps[q])}
-
-    return improves(
-        questions(new), questions(old), f"{new.source_sha256}|{old.source_sha256}|{capability}"
-    )
 
 
 def archive(store: RunStore) -> list[tuple[str, str, str, list[str]]]:
@@ -85,12 +71,12 @@ def test_loop_fills_the_archive(uninterrupted: RunStore):
         assert set(c.scores) == {"train", "valid"} and c.sandbox and c.sandbox["passed"]
     best = best_overall(candidates)
     assert best is not None
-    assert not [c for c in evaluated if beats(c, best, None)]  # nothing the paired test prefers
+    assert not [c for c in evaluated if paired_beats(c, best, None)]  # none the test prefers
     kept = specialists(candidates)
     assert set(kept) == {"F", "T", "P", "M", "A"}  # the seed fills every slot first ...
     promoted = {cap: c for cap, c in kept.items() if c.stage != "seed"}
     assert promoted  # ... and a child took at least one by the paired test:
-    assert all(beats(c, candidates[0], cap) for cap, c in promoted.items())
+    assert all(paired_beats(c, candidates[0], cap) for cap, c in promoted.items())
     state = uninterrupted.load_state()
     assert state["rounds"] == ROUNDS and state["best"] == best.id
     assert state["round_costs"] == [{"usd": 0.0, "tokens": 0}] * sum(ROUNDS.values())
