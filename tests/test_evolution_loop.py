@@ -44,17 +44,19 @@ def archive(store: RunStore) -> list[tuple[str, str, str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RunStore:
+def uninterrupted(
+    data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RunStore:
     root = tmp_path_factory.mktemp("runs")
-    cfg = config(data_dir, root / "cache")
+    cfg = config(data_dir, offline_cache)
     store = RunStore.create(root, {"config": cfg.as_json()}, run_id="whole")
     Evolution(store, cfg).run()
     return store
 
 
 def shared_cache(run: RunStore) -> Path:
-    """The uninterrupted run's cache: tests that compare outcomes, not stage counts, reuse it
-    (stage reuse gives the same results, so they run faster and still compare equal)."""
+    """The uninterrupted run's cache (conftest's ``offline_cache``): tests that compare
+    outcomes, not stage counts, reuse it (stage reuse gives the same results)."""
     return Path(run.manifest["config"]["cache_dir"])
 
 
@@ -114,6 +116,21 @@ def test_run_ablations_no_integration_and_random_cases(
     proposed = store.events("proposed")
     assert [e["data"]["stage"] for e in proposed] == ["cold_start", "refinement"]
     assert all(e["data"]["cases"] == [] for e in proposed)
+
+
+def test_a_round_replayed_after_its_child_was_evaluated_files_nothing_new(
+    uninterrupted: RunStore, data_dir: Path, tmp_path: Path
+):
+    """Killed after the last round's child was evaluated but before the round was saved: the
+    replayed round must see the run as the original round did (without that child) and so
+    propose the same child, which the run already holds."""
+    shutil.copytree(uninterrupted.root, tmp_path / "whole")
+    store = RunStore.open(tmp_path, "whole")
+    state = store.load_state()
+    rounds = {**state["rounds"], "integration": state["rounds"]["integration"] - 1}
+    store.save_state({**state, "rounds": rounds, "round_costs": state["round_costs"][:-1]})
+    Evolution(store, config(data_dir, shared_cache(uninterrupted))).run()
+    assert archive(RunStore.open(tmp_path, "whole")) == archive(uninterrupted)
 
 
 # Where the SIGKILL test kills `evolve run`: when the n-th candidate file appears (its

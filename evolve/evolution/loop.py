@@ -28,9 +28,11 @@ Resume invariants: the state (``state.json``) holds the round counters and what 
 spent, and is saved after each finished round. Proposals are deterministic in the request
 (offline: seeded; coder: its replies come from the request cache on a replay), and the store
 returns the existing candidate for a source it already holds, so a round interrupted
-anywhere — even by SIGKILL — is replayed to the same candidate, and an evaluated candidate is
-never evaluated again. Each evaluation logs an ``evaluating`` event when it starts and an
-``evaluated`` event when it is filed, so a run's event log shows what was evaluated how often.
+anywhere — even by SIGKILL, even after its child was evaluated — is replayed to the same
+candidate (the replayed request leaves out the round's own child, found by its ``proposed``
+event), and an evaluated candidate is never evaluated again. Each evaluation logs an
+``evaluating`` event when it starts and an ``evaluated`` event when it is filed, so a run's
+event log shows what was evaluated how often.
 """
 
 from __future__ import annotations
@@ -277,10 +279,14 @@ class Evolution:
         """What the proposer sees this round (train only; never valid cases, never test);
         failing and differential cases only for a proposer that reads them.
 
-        A candidate still "proposed" is this round's own child from before an interruption:
-        the request is built without it, exactly as the uninterrupted round saw the run, and
-        it does not count as known, so the replay proposes it again and evaluates it."""
-        candidates = [c for c in self.store.candidates() if c.status != "proposed"]
+        A candidate still "proposed", or first proposed by this very round (its ``proposed``
+        event), is this round's own child from before an interruption — the round is saved
+        only after its child is judged. The request is built without it, exactly as the
+        uninterrupted round saw the run, and it does not count as known, so the replay
+        proposes it again (and evaluates it only if it was not judged yet)."""
+        own = self._children_of(round_no)
+        candidates = [c for c in self.store.candidates()
+                      if c.status != "proposed" and c.id not in own]  # fmt: skip
         kept = archive(candidates)
         parent = kept.best
         assert parent is not None
@@ -319,6 +325,13 @@ class Evolution:
             diagnostics=parent.scores["train"].get("diagnostics"),
             known=frozenset(c.source_sha256 for c in candidates),
         )
+
+    def _children_of(self, round_no: int) -> set[str]:
+        """Ids of the candidates first proposed by round ``round_no`` (from the event log)."""
+        first: dict[str, int] = {}
+        for event in self.store.events("proposed"):
+            first.setdefault(event["data"]["candidate"], event["data"]["round"])
+        return {c for c, r in first.items() if r == round_no}
 
     def _failing_cases(
         self,
