@@ -74,6 +74,7 @@ def test_loop_fills_the_archive(uninterrupted: RunStore):
     best = best_overall(candidates)
     assert best is not None
     assert not [c for c in evaluated if paired_beats(c, best, None)]  # none the test prefers
+    assert best.id == candidates[0].id or paired_beats(best, candidates[0], None)
     kept = specialists(candidates)
     assert set(kept) == {"F", "T", "P", "M", "A"}  # the seed fills every slot first ...
     promoted = {cap: c for cap, c in kept.items() if c.stage != "seed"}
