@@ -51,9 +51,11 @@ def coder_script() -> Any:
     return reply
 
 
-def run(data_dir: Path, root: Path, run_id: str, **over: Any) -> Evolution:
+def run(data_dir: Path, stages: Path, root: Path, run_id: str, **over: Any) -> Evolution:
+    """A run in ``root`` with the scripted coder and annotator; stage outputs go to ``stages``
+    (a cache shared with other offline tests), the LLM request cache stays in ``root``."""
     base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(root / "cache"), "jobs": 1, "embedder": "hashing",
+            "cache_dir": str(stages), "jobs": 1, "embedder": "hashing",
             "conversations": 1, "coder_model": {"model": "scripted"},
             "rounds": {"cold_start": 1, "refinement": 2, "integration": 1}}  # fmt: skip
     config = RunConfig(**{**base, **over})
@@ -67,8 +69,10 @@ def run(data_dir: Path, root: Path, run_id: str, **over: Any) -> Evolution:
 
 
 @pytest.fixture(scope="module")
-def full(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Evolution:
-    return run(data_dir, tmp_path_factory.mktemp("stages"), "full")
+def full(
+    data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Evolution:
+    return run(data_dir, offline_cache, tmp_path_factory.mktemp("stages"), "full")
 
 
 def test_annotation_is_cached_per_task_and_model(full: Evolution):
@@ -183,20 +187,20 @@ def test_random_cases_differ_from_the_worst():
     assert len(drawn) > 1
 
 
-def test_ablations_change_behaviour_as_named(data_dir: Path, tmp_path: Path):
+def test_ablations_change_behaviour_as_named(data_dir: Path, offline_cache: Path, tmp_path: Path):
     rounds = {"cold_start": 0, "refinement": 1, "integration": 1}
-    holistic = run(data_dir, tmp_path, "holistic", rounds=rounds, holistic=True)
+    holistic = run(data_dir, offline_cache, tmp_path, "holistic", rounds=rounds, holistic=True)
     assert all(c.capability is None for c in holistic.store.candidates())
     assert isinstance(holistic.coder, ScriptedLLM)
     integration = [m[1]["content"] for _, s, m in holistic.coder.transport_calls
                    if s == "integration/propose"]  # fmt: skip
     assert integration and "Specialist for" not in integration[0]
-    robin = run(data_dir, tmp_path, "robin", rounds={"cold_start": 0, "refinement": 2},
-                selection="round-robin")  # fmt: skip
+    two = {"cold_start": 0, "refinement": 2}
+    robin = run(data_dir, offline_cache, tmp_path, "robin", rounds=two, selection="round-robin")
     assert [c.capability for c in robin.store.candidates()[1:]] == ["F", "T"]
     assert not [c for c in robin.store.candidates() if c.stage == "integration"]
-    drawn = run(data_dir, tmp_path, "drawn", rounds={"cold_start": 0, "refinement": 2},
-                selection="round-robin", cases="random")  # fmt: skip
+    drawn = run(data_dir, offline_cache, tmp_path, "drawn", rounds=two, selection="round-robin",
+                cases="random")  # fmt: skip
     assert [c.capability for c in drawn.store.candidates()[1:]] == ["F", "T"]
     worst, random = recorded_cases(robin), recorded_cases(drawn)
     assert [len(ids) for ids in random] == [len(ids) for ids in worst] and all(worst)
