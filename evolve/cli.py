@@ -5,19 +5,26 @@ Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``chec
 :mod:`evolve.cli_run` and the inspect and ship commands in :mod:`evolve.cli_inspect`, which
 share this module's options, progress bar and error handling. Every expected failure
 (bad flag, missing or malformed data, unreadable program) ends with one ``error:`` line on
-stderr and exit status 2; nothing computed before the failure is lost, because stage outputs
-are stored as they are produced. ``check`` exits 1 when a program fails a tier.
+stderr and exit status 2 — argparse's own errors included (:class:`Parser`); numeric flags are
+checked by the shared argparse types (:data:`positive_int`, :data:`probability`, ...) and
+program paths by :func:`read_program`; nothing computed before the failure is lost, because
+stage outputs are stored as they are produced. ``check`` exits 1 when a program fails a tier.
+A damaged file that a command works around (:func:`evolve.models.damaged`) is one
+``warning:`` line, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
+from evolve.models import DAMAGE_LOG
 from evolve.models.llm import LLMError
 
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
@@ -33,6 +41,70 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # piped tables are no
 
 class UsageError(Exception):
     """A bad flag or flag combination."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`UsageError`, so a bad flag ends like every
+    other expected failure: one ``error:`` line and exit status 2 (subcommands inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _bounded(cast: Callable[[str], Any], test: Callable[[Any], bool], what: str) -> Any:
+    """An argparse ``type``: ``cast`` the text, refuse it unless ``test`` holds."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+# The argparse types of every command's numeric flags (one definition, shared).
+positive_int = _bounded(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def read_program(path: Path, what: str = "program file") -> str:
+    """The text of a program named on the command line; a UsageError says in one line why it
+    cannot be read (missing, a directory, not UTF-8, unreadable)."""
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory, not a .py file")
+    if not path.exists():
+        raise UsageError(f"{what} {path} not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"cannot read {what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+class _DamageLines(logging.Handler):
+    """Prints each damaged-file report of one command once, as one ``warning:`` line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text not in self.seen:
+            self.seen.add(text)
+            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+
+
+_DAMAGE_LINES = _DamageLines()
 
 
 def default_cache_dir() -> Path:
@@ -54,7 +126,7 @@ def data_dir(arg: str | None) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evolve", description=__doc__.splitlines()[0])
+    parser = Parser(prog="evolve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="evaluate one memory program on a benchmark split")
@@ -73,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ev.add_argument(
         "--hit-threshold",
-        type=float,
+        type=probability,
         default=None,
         help="cosine at which an evidence message counts as retrieved (default 0.8)",
     )
@@ -129,12 +201,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--task-max-tokens",
-        type=int,
+        type=positive_int,
         default=1024,
         help="reply limit of the task model per call (default 1024)",
     )
     parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default 2)")
     parser.add_argument(
         "--backend",
         default="local",
@@ -169,8 +241,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    _DAMAGE_LINES.seen.clear()
+    if _DAMAGE_LINES not in DAMAGE_LOG.handlers:
+        DAMAGE_LOG.addHandler(_DAMAGE_LINES)
     try:
+        args = parser.parse_args(argv)
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "check":
@@ -202,8 +277,6 @@ def task_config(args: argparse.Namespace) -> Any:
     """The task model from ``--model``, ``--api-base`` and ``--task-max-tokens`` (None: offline)."""
     if args.model.lower() in ("none", ""):
         return None
-    if args.task_max_tokens < 1:
-        raise UsageError("--task-max-tokens must be at least 1")
     from evolve.models.llm import ModelConfig
 
     return ModelConfig(model=args.model, api_base=args.api_base, max_tokens=args.task_max_tokens)
@@ -233,12 +306,10 @@ def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
 def cmd_eval(args: argparse.Namespace) -> int:
     from evolve.datasets.benches import load_taskset
     from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
+    from evolve.trace import first_error
     from evolve.worker import WorkerConfig
 
-    if args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
-    if not args.program.is_file():
-        raise UsageError(f"program file {args.program} not found")
+    read_program(args.program)
     root = data_dir(args.data_dir)
     try:
         tasks = load_taskset(args.bench, root, args.split)
@@ -288,7 +359,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _print_report(report.as_json())
     failed = report.meta["errors"]
     if failed and failed == report.meta["questions"]:
-        first = next(t["error"] for t in report.traces if t.get("error"))
+        first = first_error(report.traces)
         err.print(f"[red]error:[/] every question failed; first: {escape(first)}", highlight=False)
         return 1
     return 0
@@ -300,12 +371,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.executor import EvalError
     from evolve.worker import WorkerConfig
 
-    if args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
     paths = args.programs or reference_programs()
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise UsageError(f"program file {missing[0]} not found")
+    if not paths:
+        raise UsageError("nothing to compare: name program files (no shipped seed was found)")
+    for path in paths:
+        read_program(path)
     tasks = load_taskset(args.bench, data_dir(args.data_dir), args.split)
     task_model = task_config(args)
     cache = args.cache_dir or default_cache_dir()
@@ -349,14 +419,8 @@ def _num(value: float | None, digits: int = 0) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from sandbox.check import check_program
 
-    def read(path: Path) -> str:
-        try:
-            return path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read {path}: {exc}") from None
-
-    parent = read(args.parent) if args.parent else None
-    report = check_program(read(args.file), str(args.file), parent)
+    parent = read_program(args.parent, "parent program") if args.parent else None
+    report = check_program(read_program(args.file), str(args.file), parent)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
         return 0 if report.passed else 1
@@ -462,7 +526,9 @@ def _print_report(report: dict[str, Any]) -> None:
         out.print(line)
     if meta["mode"] != "offline: retrieval-only":
         out.print(f"judge: {meta['judge']['judge'] or 'none'} — {meta['judge']['note']}")
-    stages = ", ".join(f"{s} {c['computed']}/{c['reused']}" for s, c in report["stages"].items())
+    stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
+                       + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
+                       for s, c in report["stages"].items())  # fmt: skip
     out.print(f"stages (computed/reused): {stages}")
     if meta["errors"]:
         out.print(f"[red]{meta['errors']} questions failed[/] — see {meta.get('traces')}")

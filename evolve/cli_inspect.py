@@ -12,7 +12,8 @@ Invariants:
   or a bare ``ID`` looked up in ``--run RUN``, else in the newest run (said on stderr). ``ID``
   may be any unique prefix of a candidate id.
 - Every expected failure is one ``error:`` line and exit 2 (a :class:`~evolve.cli.UsageError`);
-  the store's RunNotFound / CandidateNotFound and ship's ShipError are turned into one.
+  the store's RunNotFound / CandidateNotFound / DamagedFile and ship's ShipError are turned
+  into one. Damaged candidates the store skips are ``warning:`` lines, and the rest is shown.
 - With ``--json`` a command prints exactly one JSON object on stdout; notes and warnings go to
   stderr either way.
 """
@@ -35,11 +36,17 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evolve.cli import ProgressBar, UsageError, err, out
+from evolve.cli import ProgressBar, UsageError, err, out, positive_int
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import ship, summary
 from evolve.evolution.archive import fitness
-from evolve.evolution.store import CandidateMeta, CandidateNotFound, RunNotFound, RunStore
+from evolve.evolution.store import (
+    CandidateMeta,
+    CandidateNotFound,
+    DamagedFile,
+    RunNotFound,
+    RunStore,
+)
 
 COMMANDS: tuple[str, ...] = (
     "runs",
@@ -96,7 +103,7 @@ def add_commands(sub: Any) -> None:
     freeze = command("freeze", "mark a candidate final and score it once on test", run=True)
     freeze.add_argument("candidate", help=CANDIDATE_HELP)
     freeze.add_argument("--data-dir", type=Path, help="benchmark data root (default: the run's)")
-    freeze.add_argument("--jobs", type=int, help="worker processes (default: the run's)")
+    freeze.add_argument("--jobs", type=positive_int, help="worker processes (default: the run's)")
     freeze.add_argument("--cache-dir", help="stage and embedding caches (default: the run's)")
     freeze.add_argument(
         "--embedder", choices=["minilm", "hashing"], help="embedder (default: the run's)"
@@ -127,7 +134,7 @@ def dispatch(args: argparse.Namespace) -> int:
     }
     try:
         return commands[args.command](args)
-    except (UsageError, RunNotFound, CandidateNotFound, ship.ShipError) as exc:
+    except (UsageError, RunNotFound, CandidateNotFound, DamagedFile, ship.ShipError) as exc:
         raise UsageError(escape(str(exc))) from None  # cli.main prints it as rich markup
 
 
@@ -202,6 +209,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    evaluation = summary.evaluation(args.runs_dir / args.run) if args.run else None
+    if evaluation is not None:
+        if not _emit(args, evaluation):
+            out.print(summary.describe_evaluation(evaluation), markup=False, highlight=False)
+        return 0
     store = open_run(args.runs_dir, args.run)
     status = summary.status(store)
     if _emit(args, status):
@@ -387,13 +399,18 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         branch = tree.add(label(m, repeated))
         shown.add(m.id)
         if not repeated:
-            for parent in m.parents:
-                grow(branch, nodes[parent])
+            parents(branch, m)
+
+    def parents(tree: Tree, m: CandidateMeta) -> None:
+        for parent in m.parents:
+            if parent in nodes:
+                grow(tree, nodes[parent])
+            else:  # skipped by the store, which said why
+                tree.add(Text(f"{parent} (damaged: not shown)", style="red"))
 
     root = Tree(label(meta, False))
     shown.add(meta.id)
-    for parent in meta.parents:
-        grow(root, nodes[parent])
+    parents(root, meta)
     out.print(root)
     return 0
 
@@ -402,8 +419,6 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_freeze(args: argparse.Namespace) -> int:
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
     result = ship.freeze(
         store,

@@ -3,7 +3,8 @@
 Parsing and output only; the loop is :mod:`evolve.evolution.loop`, the manifest
 :mod:`evolve.evolution.manifest`, the estimate and caps :mod:`evolve.evolution.budget`. Errors
 follow :mod:`evolve.cli`: one ``error:`` line and exit status 2 (:class:`~evolve.cli.UsageError`);
-a run stopped by an error or a cap keeps everything it computed and resumes with ``--resume``.
+a run stopped by an error or a cap keeps everything it computed and resumes with ``--resume``,
+which names every damaged file it could not recover and continues with the rest.
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ from evolve.cli import (
     data_dir,
     default_cache_dir,
     err,
+    non_negative_float,
+    non_negative_int,
     out,
+    positive_int,
+    read_program,
     task_config,
 )
+from evolve.resources import seed_file
 
 
 def add_command(sub: Any) -> None:
@@ -53,24 +59,28 @@ def add_command(sub: Any) -> None:
     )
     run.add_argument(
         "--coder-max-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="reply limit of the coder model (default 8192: a reply may be a whole program)",
     )
     run.add_argument(
         "--repairs",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="repair attempts after a proposal fails to apply or fails the sandbox (default 3)",
     )
-    run.add_argument("--max-usd", type=float, default=None, help="stop before spending more USD")
-    run.add_argument("--max-tokens", type=int, default=None, help="stop before more LLM tokens")
+    run.add_argument(
+        "--max-usd", type=non_negative_float, default=None, help="stop before spending more USD"
+    )
+    run.add_argument(
+        "--max-tokens", type=non_negative_int, default=None, help="stop before more LLM tokens"
+    )
     run.add_argument(
         "--dry-run", action="store_true", help="print the work and cost estimate; run nothing"
     )
     run.add_argument(
         "--conversations",
-        type=int,
+        type=positive_int,
         default=None,
         help="use only the first N conversations of train and valid (quick runs)",
     )
@@ -115,14 +125,6 @@ def _run_config(args: argparse.Namespace) -> Any:
     """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
     from evolve.evolution.loop import RunConfig
 
-    if args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
-    for flag in ("max_usd", "max_tokens", "repairs"):
-        value = getattr(args, flag)
-        if value is not None and not value >= 0:
-            raise UsageError(f"--{flag.replace('_', '-')} must be a non-negative number")
-    if (args.coder_max_tokens or 1) < 1:
-        raise UsageError("--coder-max-tokens must be at least 1")
     try:
         counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
     except ValueError:
@@ -149,11 +151,10 @@ def _run_config(args: argparse.Namespace) -> Any:
     coder_id = args.model if args.coder is None else args.coder
     coder = _model(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
     default_seed = "simple.py" if coder else "hybrid.py"
-    seed = args.seed or Path(__file__).resolve().parents[1] / "seeds" / default_seed
-    if not Path(seed).is_file():
-        raise UsageError(f"seed program {seed} not found")
+    seed = args.seed or seed_file(default_seed)
+    read_program(Path(seed), "seed program")
     return RunConfig(
-        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed),
+        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed), bench=args.bench,
         cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
@@ -161,6 +162,27 @@ def _run_config(args: argparse.Namespace) -> Any:
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         reuse=not args.no_reuse, **caps,
     )  # fmt: skip
+
+
+def _check_seed(seed: str) -> None:
+    """Refuse a seed that fails the sandbox before a run is created for it (no run folder)."""
+    from evolve.executor import sandbox_check
+
+    report = sandbox_check(read_program(Path(seed), "seed program"), seed)
+    if not report.passed:
+        raise UsageError(f"seed program {seed}: {report.repair_text()}")
+
+
+def _check_tasks(config: Any) -> None:
+    """Refuse, before a run is created, splits that leave nothing to evaluate."""
+    from evolve.evolution.loop import SPLITS, task_set
+    from evolve.executor import EvalError, check_evaluable
+
+    try:
+        for split in SPLITS:
+            check_evaluable(task_set(config, split))
+    except EvalError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _score(value: float | None) -> str:
@@ -187,10 +209,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evolve.models.llm import LLMError
 
     config = _run_config(args)
+    _say_splits(config)
     if args.dry_run:
         return _dry_run(config)
+    if not args.resume:
+        _check_seed(config.seed_program)
+        _check_tasks(config)
     store = _open_run(args)[0] if args.resume else RunStore.create(
-        args.runs_dir, build_manifest(config, args.bench))  # fmt: skip
+        args.runs_dir, build_manifest(config))  # fmt: skip
     seed = Path(config.seed_program).name
     if config.coder_model is None:
         err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
@@ -200,6 +226,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.task_model is None:
         err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
+    if args.resume:
+        _say_unrecovered(store)
     with ProgressBar(sum(config.rounds.values()), not args.no_progress, "round") as advance:
         done = [0]
 
@@ -212,7 +240,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             best = evolution.run()
         except (EvalError, LLMError) as exc:
             raise UsageError(f"{exc} (resume with: evolve run --resume {store.run_id})") from None
-    seed_meta = store.candidates()[0]
+    seed_meta = next(c for c in store.candidates() if c.stage == "seed")
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
         sim, hit = _score(v["evidence_similarity"]), _score(v["evidence_hit_rate"])
@@ -232,15 +260,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_splits(config: Any) -> None:
+    """One line when the bench's train or valid split is not the one of that name."""
+    from evolve.datasets.benches import run_split
+    from evolve.evolution.loop import SPLITS
+
+    names = {s: run_split(config.bench, Path(config.data_dir), s) for s in SPLITS}
+    if any(name != split for split, name in names.items()):
+        chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
+        err.print(f"[yellow]{config.bench}: {chosen}[/] (the data holds no full train and valid "
+                  "split; README, Benchmarks)", highlight=False)  # fmt: skip
+
+
+def _say_unrecovered(store: Any) -> None:
+    """On ``--resume``: how much of the run was lost to damaged files (each named in a warning)."""
+    lost = store.damage()
+    if lost:
+        kept = len(store.candidates())  # warns once per damaged candidate file
+        store.load_state()  # and about a damaged state
+        store.log_event("resume_damage", files=lost)
+        err.print(f"[yellow]resume:[/] could not recover {len(lost)} damaged file(s), named above; "
+                  f"continuing with the {kept} readable candidates (not evaluated again)",
+                  highlight=False)  # fmt: skip
+
+
 def _dry_run(config: Any) -> int:
     from evolve.evolution.budget import estimate
     from evolve.evolution.loop import workload
 
     work = workload(config)
     rows = estimate(work, config.task_model, config.coder_model, config.judge_model)
-    out.print(f"dry run: {work.rounds} rounds, up to {work.evaluations} evaluations of "
-              f"{work.questions} train+valid questions; {work.extract_windows} extraction "
-              f"windows ({work.extract_chars:,} characters) per full evaluation")  # fmt: skip
+    out.print(f"dry run on {config.bench}: {work.rounds} rounds, up to {work.evaluations} "
+              f"evaluations of {work.questions} train+valid questions; {work.extract_windows} "
+              f"extraction windows ({work.extract_chars:,} characters) per evaluation")  # fmt: skip
     if not rows:
         out.print("no LLM configured: the run makes no model call and costs nothing")
         return 0

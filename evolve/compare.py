@@ -24,16 +24,17 @@ from evolve.distributed import Backend
 from evolve.evolution.archive import fitness
 from evolve.executor import ProgressFn, evaluate
 from evolve.models.llm import LLMClient
+from evolve.resources import seed_file
 from evolve.worker import WorkerConfig
 
-SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 REFERENCE_PROGRAMS = ("simple", "dense", "hybrid", "prism", "ariadne")
 CHARS_PER_TOKEN = 4  # an estimate; the table says so
 
 
 def reference_programs() -> list[Path]:
-    """The shipped seeds and reference programs that exist in this checkout."""
-    return [SEEDS / f"{name}.py" for name in REFERENCE_PROGRAMS if (SEEDS / f"{name}.py").is_file()]
+    """The shipped seeds and reference programs that exist in this installation."""
+    paths = [seed_file(f"{name}.py") for name in REFERENCE_PROGRAMS]
+    return [p for p in paths if p.is_file()]
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -55,9 +56,9 @@ def compare_programs(
     for path in paths:
         report = evaluate(path, tasks, config, judge=judge, on_progress=on_progress,
                           backend=backend)  # fmt: skip
-        traces = [t for t in report.traces if not t.get("error")]
-        chars = [len(t.get("retrieved") or "") for t in traces]
-        latency = [float(t["retrieve_ms"]) for t in traces if t.get("retrieve_ms") is not None]
+        traces = [t for t in report.traces if not t.error]
+        chars = [len(t.retrieved_text) for t in traces]
+        latency = [t.retrieve_ms for t in traces if t.retrieve_ms is not None]
         overall = report.scores["overall"]
         rows.append({
             "program": str(path),

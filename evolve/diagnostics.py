@@ -30,6 +30,7 @@ import numpy as np
 from evolve.datasets.types import Conversation, Question
 from evolve.models.embed import Embedder
 from evolve.scoring.offline import blocks
+from evolve.trace import QuestionTrace
 
 KEYS = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
 
@@ -80,17 +81,16 @@ def question_diagnostics(
             "unit_chars": float(np.mean(lengths)) if lengths else 0.0}  # fmt: skip
 
 
-def summarize(traces: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+def summarize(traces: list[QuestionTrace]) -> dict[str, dict[str, float | None]]:
     """Means of every diagnostic per capability and overall (``"overall"``), from traces that
     carry ``diagnostics`` and offline scores."""
-    groups: dict[str, list[dict[str, float]]] = defaultdict(list)
+    groups: dict[str, list[dict[str, float | None]]] = defaultdict(list)
     for t in traces:
-        d = t.get("diagnostics")
-        if not d:
+        if not t.diagnostics:
             continue
-        row = {**d, "d_ret": (t.get("scores") or {}).get("evidence_similarity"),
-               "retrieved_chars": float(len(t.get("retrieved") or ""))}  # fmt: skip
-        groups[t.get("capability") or "?"].append(row)
+        row = {**t.diagnostics, "d_ret": t.scores.get("evidence_similarity"),
+               "retrieved_chars": float(len(t.retrieved_text))}  # fmt: skip
+        groups[t.capability or "?"].append(row)
         groups["overall"].append(row)
 
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:

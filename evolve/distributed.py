@@ -1,7 +1,7 @@
 """Where evaluation jobs run: the local loky pool (default) or a Ray cluster (``--backend ray``).
 
 Owns :data:`BACKENDS`, :class:`Backend` and :func:`make_backend`. The executor submits one job
-per conversation (:func:`evolve.worker.run_conversation`) to a backend's ``executor`` and reads
+per conversation (:func:`evolve.session.run_conversation`) to a backend's ``executor`` and reads
 ``concurrent.futures.Future`` results; nothing else about a job depends on where it runs.
 
 Invariants:
@@ -15,6 +15,11 @@ Invariants:
   import this package (install it on every node) and share the cache directory (a path every
   node can read and write, e.g. NFS): stage outputs, embeddings and LLM responses meet there,
   which is what makes a Ray evaluation equal to a local one.
+- Every process the local backend starts (the loky workers here, the progress queue's manager in
+  :mod:`evolve.executor`) runs :func:`die_with_parent` first: it exits as soon as the process
+  that started it is gone, even when that one was killed with SIGKILL and could not clean up
+  (the resource trackers then see their pipes close and exit too; sandbox hosts see stdin
+  close).
 - Per-question progress needs a queue the worker can reach: a local backend passes one, a Ray
   backend does not (``live_progress`` is False) and progress advances per finished
   conversation instead.
@@ -23,11 +28,14 @@ Invariants:
 from __future__ import annotations
 
 import os
+import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 BACKENDS = ("local", "ray")
+WATCH_SECONDS = 0.5  # how often a local worker checks that its parent is still there
 
 
 class JobExecutor(Protocol):
@@ -58,8 +66,23 @@ def _loky(jobs: int) -> JobExecutor:
 
     threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    executor: JobExecutor = get_reusable_executor(max_workers=max(1, jobs), timeout=300, env=env)
+    executor: JobExecutor = get_reusable_executor(
+        max_workers=max(1, jobs), timeout=300, env=env,
+        initializer=die_with_parent, initargs=(os.getpid(),),
+    )  # fmt: skip
     return executor
+
+
+def die_with_parent(parent: int) -> None:
+    """Process initializer: exit this process as soon as ``parent`` (the pid of the process
+    that started it) is gone; a daemon thread watches for its reparenting."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def _call(fn: Any, *args: Any) -> Any:

@@ -1,7 +1,7 @@
 """Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
 
 The executor is the parent side of execution (design §2). It never runs program code itself:
-each conversation is a job for :func:`evolve.worker.run_conversation` on a backend
+each conversation is a job for :func:`evolve.session.run_conversation` on a backend
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
 model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
 stage store; the executor sums their counters, scores every question here with
@@ -16,34 +16,34 @@ Invariants:
   score 0 on every retrieval metric they have, their answers are scored as empty answers, and
   they carry the error in their trace.
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
+- A task set with no question, or whose conversations hold no message text, is refused before
+  any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
-from evolve.distributed import Backend, make_backend
+from evolve.distributed import Backend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
 from evolve.program import source_digest
 from evolve.scoring.answers import make_scorer
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
+from evolve.session import ConversationResult, run_conversation
 from evolve.stagecache import COMPONENTS, fingerprints
-from evolve.worker import (
-    ConversationResult,
-    WorkerConfig,
-    make_embedder,
-    run_conversation,
-)
+from evolve.trace import QuestionTrace
+from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
@@ -61,7 +61,7 @@ class EvalReport:
     stages: dict[str, dict[str, int]]
     usage: dict[str, dict[str, Any]]
     work: dict[str, Any]
-    traces: list[dict[str, Any]] = field(repr=False)
+    traces: list[QuestionTrace] = field(repr=False)
 
     def as_json(self) -> dict[str, Any]:
         keys = ("meta", "scores", "stages", "usage", "work")
@@ -86,6 +86,7 @@ def evaluate(
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge). Jobs run on ``backend``
     (default: the local pool with ``jobs`` workers)."""
+    check_evaluable(tasks)
     try:
         source = Path(program_path).read_text()
         fps = fingerprints(source)
@@ -110,24 +111,24 @@ def evaluate(
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
     by_id = {q.id: q for q in tasks.questions}
-    traces: list[dict[str, Any]] = []
+    traces: list[QuestionTrace] = []
     for conv in tasks.conversations:
         result = results[conv.id]
         messages = conv.messages()
         items = []
         for trace in result.traces:
-            q = by_id[trace["id"]]
+            q = by_id[trace.id]
             evidence = [
                 f"{messages[e][1].role}: {messages[e][1].content}"
                 for e in q.evidence_ids
                 if e in messages
             ]
-            items.append(ScoreInput(q, evidence, trace.get("retrieved") or ""))
+            items.append(ScoreInput(q, evidence, trace.retrieved_text))
         for trace, item, scores in zip(result.traces, items, scorer.score(items), strict=True):
-            if trace.get("error"):  # a failed question scores 0 wherever it has a metric
+            if trace.error:  # a failed question scores 0 wherever it has a metric
                 scores = {m: (0.0 if v is not None else None) for m, v in scores.items()}
-            trace.update(ability=item.question.ability, capability=item.question.capability,
-                         question=item.question.question, scores=scores)  # fmt: skip
+            trace.ability, trace.capability = item.question.ability, item.question.capability
+            trace.question, trace.scores = item.question.question, scores
             traces.append(trace)
 
     metrics = list(METRICS)
@@ -137,12 +138,11 @@ def evaluate(
     if not config.offline:
         metrics += answers.metrics
         for trace in traces:  # a failed question is scored as an empty answer
-            answer = trace.get("answer")
-            text = answer if isinstance(answer, str) and not trace.get("error") else ""
-            judged = answers.score(by_id[trace["id"]], text)
-            trace["scores"].update(judged.scores)
-            trace["judged"] = judged.detail
-    rows = [(by_id[t["id"]], t["scores"]) for t in traces]
+            text = trace.answer if trace.answer is not None and not trace.error else ""
+            judged = answers.score(by_id[trace.id], text)
+            trace.scores.update(judged.scores)
+            trace.judged = judged.detail
+    rows = [(by_id[t.id], t.scores) for t in traces]
     summary = aggregate(rows, metrics)
     if not config.offline:
         summary["headline"] = answers.summarize(rows)
@@ -168,7 +168,7 @@ def evaluate(
             "judge": answers.describe(),
             "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
-            "errors": sum(1 for t in traces if t.get("error")),
+            "errors": sum(1 for t in traces if t.error),
             "seconds": round(time.perf_counter() - started, 3),
         },
         scores=summary,
@@ -177,6 +177,17 @@ def evaluate(
         work=_sum_work(results.values()),
         traces=traces,
     )
+
+
+def check_evaluable(tasks: TaskSet) -> None:
+    """Raise EvalError ("nothing was evaluated: ...") when ``tasks`` gives a program nothing to
+    remember or nothing to answer."""
+    n = len(tasks.conversations)
+    where = f"nothing was evaluated: {tasks.bench} {tasks.split} ({n} conversation{'s' * (n != 1)})"
+    if not tasks.questions:
+        raise EvalError(f"{where} has no questions")
+    if not any(c.n_chars for c in tasks.conversations):
+        raise EvalError(f"{where} has no message text")
 
 
 def sandbox_check(source: str, path: str, parent_source: str | None = None) -> CheckReport:
@@ -197,7 +208,9 @@ def _run_jobs(
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
-    with multiprocessing.Manager() as manager:
+    manager = SyncManager()
+    manager.start(die_with_parent, (os.getpid(),))
+    with manager:
         # workers put one conversation id per finished question (where they can reach it)
         ticks = manager.Queue() if backend.live_progress else None
         futures: dict[Future[ConversationResult], str] = {}
@@ -232,12 +245,13 @@ def _run_jobs(
 
 
 def _failed(conv_id: str, questions: list[Question], error: str) -> ConversationResult:
-    traces = [{"id": q.id, "conversation_id": conv_id, "error": error[:500]} for q in questions]
+    traces = [QuestionTrace(id=q.id, conversation_id=conv_id, error=error[:500]) for q in questions]
     return ConversationResult(conv_id, traces, {}, [])
 
 
 def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
-    total = {c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0} for c in COMPONENTS}
+    outcomes = ("computed", "reused", "failed", "skipped", "invalid")
+    total = {c: dict.fromkeys(outcomes, 0) for c in COMPONENTS}
     for counters in all_counters:
         for stage, counts in counters.items():
             for outcome, n in counts.items():
@@ -276,8 +290,8 @@ def write_run(report: EvalReport, out_dir: Path) -> Path:
     """Per-question traces as JSONL and the report as JSON, in ``out_dir``; returns the JSONL."""
     out_dir.mkdir(parents=True, exist_ok=True)
     traces = out_dir / "questions.jsonl"
-    with traces.open("w") as fh:
+    with traces.open("w", encoding="utf-8") as fh:
         for trace in report.traces:
-            fh.write(json.dumps(trace) + "\n")
+            fh.write(trace.to_json() + "\n")
     (out_dir / "report.json").write_text(json.dumps(report.as_json(), indent=2))
     return traces

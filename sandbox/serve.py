@@ -5,6 +5,11 @@ one built memory. Data crosses the wire as JSON (records as dicts, segments as p
 memory state as the restricted pickle of :mod:`evolve.stagecache` (unpickled only here, never
 by the optimizer).
 
+Records are checked once: what the optimizer hands over (task-LLM records it validated, units
+and queries this host returned earlier) is built into the program's classes without being
+checked again (:func:`_handed`); what the program's hooks return is checked here, against the
+schema, before it crosses back (:func:`_record_dict`).
+
 Backends given to ``Memory``: :class:`RemoteBackend` forwards ``embed``/``complete`` to the
 optimizer as ``backend`` frames (evaluation); :class:`sandbox.tiers.StubBackend` answers
 locally (tiers 3 and 4, no task-LLM call).
@@ -149,7 +154,7 @@ class Server:
         if req.get("records") is None:
             units = offline_units(program, segment)
         else:
-            units = [validate_record(cls, r, ns) for r in req["records"]]
+            units = [_handed(cls, r) for r in req["records"]]
         hook = program.hook("postprocess_units")
         if hook is not None:
             units = hook(units, segment)
@@ -163,7 +168,7 @@ class Server:
         if req.get("record") is None:
             query = build_record(cls, question, ns, date=req.get("date"))
         else:
-            query = validate_record(cls, req["record"], ns)
+            query = _handed(cls, req["record"])
         hook = program.hook("postprocess_query")
         if hook is not None:
             query = hook(query, question)
@@ -172,12 +177,12 @@ class Server:
     def op_index(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """Build the memory from every session's units; return its state when it can be stored."""
         program = self._program()
-        ns, cls = vars(program.module), program.memory_unit
+        cls = program.memory_unit
         self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
         memory = program.get("Memory")(self.backend)
         for seg, records in zip(req["segments"], req["units"], strict=True):
             self.backend.calls = 0
-            units = [validate_record(cls, r, ns) for r in records]
+            units = [_handed(cls, r) for r in records]
             if memory.index(units, segment_from(seg)) is not None:
                 raise TypeError("Memory.index must return None")
         self.memory = memory
@@ -200,12 +205,15 @@ class Server:
         if self.memory is None or self.backend is None:
             raise RuntimeError("no memory built")
         self.backend.calls = 0
-        text = self.memory.retrieve(
-            validate_record(program.query, req["query"], vars(program.module))
-        )
+        text = self.memory.retrieve(_handed(program.query, req["query"]))
         if not isinstance(text, str):
             raise TypeError(f"Memory.retrieve must return str, got {type(text).__name__}")
         return {"text": text[:OUT_CHAR_BUDGET], "raw_chars": len(text)}, []
+
+
+def _handed(cls: type, record: dict[str, Any]) -> Any:
+    """A record the optimizer already checked against ``cls``'s schema, as a ``cls``."""
+    return cls(**record)
 
 
 def _record_dict(record: Any, cls: type, ns: dict[str, Any]) -> dict[str, Any]:

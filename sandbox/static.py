@@ -33,6 +33,10 @@ Rejected, and why:
 - Names, attributes or strings naming the evaluation side (``evolve``, ``sandbox``, scorers,
   splits, rubrics, gold labels, evidence ids, benchmark question files, the run store): a
   program uses only what its ``Memory`` is given, never labels, scorers or earlier results.
+- State that outlives the call or import that made it (:mod:`sandbox.statefulness`, which
+  the stage fingerprints rely on): in-place changes at import, and inside functions and
+  methods ``global``/``nonlocal``, changes to module-level or class-level objects, mutable
+  defaults and the module-global RNGs — a restored memory would not see them.
 - A patch equal to its parent up to comments and layout; a module not binding the required
   names at top level (whether they load with the right shapes is for the later tiers).
 """
@@ -44,6 +48,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from string import Formatter
+
+from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         fix = "a patched candidate must differ from its parent; make the intended change"
         findings.append(Finding("unchanged", _say(problem, None, fix), None))
     findings += _missing_definitions(tree)
+    state = import_time_mutations(tree) + runtime_state_issues(tree)
+    findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
     findings += _Checker(tree).run()
     return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
 
@@ -356,9 +364,7 @@ class _Checker:
     def _Attribute(self, node: ast.Attribute) -> None:
         receiver = node.value.id if isinstance(node.value, ast.Name) else None
         if isinstance(node.ctx, ast.Store | ast.Del):
-            root: ast.expr = node
-            while isinstance(root, ast.Attribute | ast.Subscript):
-                root = root.value
+            root = root_of(node)
             if isinstance(root, ast.Name) and root.id in self.import_bound:
                 fix = "imported modules and names are shared with the evaluator; leave them alone"
                 self._add("module-mutation", node, f"assignment to '{root.id}.{node.attr}'", fix)

@@ -6,6 +6,7 @@ from typing import Any
 
 from evolve.evolution.archive import archive, fitness, improves, question_fitness
 from evolve.evolution.store import CandidateMeta
+from evolve.trace import QuestionTrace
 
 CAPS = {f"q{i}": "FT"[i % 2] for i in range(24)}  # 12 F questions, 12 T questions
 
@@ -102,7 +103,9 @@ def test_archive_refuses_a_higher_mean_the_paired_test_calls_noise():
 
 def test_question_fitness_skips_questions_without_evidence():
     traces = [
-        {"id": "a", "scores": {"evidence_similarity": 0.8, "evidence_hit_rate": 0.5}},
-        {"id": "b", "scores": {"evidence_similarity": None, "evidence_hit_rate": None}},
-    ]
+        QuestionTrace(id="a", conversation_id="c",
+                      scores={"evidence_similarity": 0.8, "evidence_hit_rate": 0.5}),
+        QuestionTrace(id="b", conversation_id="c",
+                      scores={"evidence_similarity": None, "evidence_hit_rate": None}),
+    ]  # fmt: skip
     assert question_fitness(traces) == {"a": 0.65}  # fmt: skip

@@ -24,6 +24,12 @@ def one_conv(data_dir: Path, tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
+@pytest.fixture(scope="module")
+def beam_slice(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root with every train and valid conversation, cut small (for `run`)."""
+    return write_slice(data_dir, tmp_path_factory.mktemp("slice"), messages=12)
+
+
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     captured = capsys.readouterr()
@@ -118,7 +124,7 @@ def test_run_no_reuse_recomputes_every_stage(
         (["--data-dir", "/nonexistent/data"], "data directory /nonexistent/data does not exist"),
         (["--split", "nosuch"], "unknown BEAM split 'nosuch'"),
         (["--program", "/nonexistent/prog.py"], "program file /nonexistent/prog.py not found"),
-        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'"),
         (["--split", "all:1M"], "no BEAM-1M data"),
     ],
 )
@@ -203,7 +209,7 @@ def test_check_fails_with_tier_rule_and_line(tmp_path: Path, capsys: pytest.Capt
     assert code == 1
     assert "sandbox tier 1 (source) failed, rule import-not-allowed at line" in out
     code, _, err = run_cli(capsys, "check", str(tmp_path / "missing.py"))
-    assert code == 2 and "cannot read" in error_lines(err)[0]
+    assert code == 2 and "missing.py not found" in error_lines(err)[0]
 
 
 def test_run_dry_run_estimates_without_running(
@@ -224,8 +230,8 @@ def test_run_dry_run_estimates_without_running(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--max-usd", "-1"], "--max-usd must be a non-negative number"),
-        (["--max-tokens", "-5"], "--max-tokens must be a non-negative number"),
+        (["--max-usd", "-1"], "argument --max-usd: must be a number >= 0, got '-1'"),
+        (["--max-tokens", "-5"], "argument --max-tokens: must be an integer >= 0, got '-5'"),
         (["--rounds", "1,2"], "--rounds takes three non-negative numbers"),
         (["--resume", "no-such-run"], "run 'no-such-run' not found"),
         (["--seed", "missing.py"], "seed program missing.py not found"),
@@ -259,3 +265,153 @@ def test_compare_prints_programs_side_by_side(
     assert rows[0]["fitness"] != rows[1]["fitness"]
     code, _, err = run_cli(capsys, "compare", "missing.py", "--data-dir", str(one_conv))
     assert code == 2 and "program file missing.py not found" in err
+
+
+def assert_one_error_line(code: int, err: str, message: str) -> None:
+    assert code == 2, err
+    assert len(error_lines(err)) == 1 and message in error_lines(err)[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "--hit-threshold", "7"], "argument --hit-threshold: must be a number in (0, 1]"),
+        (["eval", "--hit-threshold", "0"], "argument --hit-threshold: must be a number in (0, 1]"),
+        (["eval", "--hit-threshold", "nan"], "must be a number in (0, 1], got 'nan'"),
+        (["eval", "--task-max-tokens", "0"], "argument --task-max-tokens: must be an integer >= 1"),
+        (["compare", "--jobs", "-1"], "argument --jobs: must be an integer >= 1, got '-1'"),
+        (["compare", "--jobs", "two"], "argument --jobs: must be an integer >= 1, got 'two'"),
+        (["run", "--conversations", "0"], "argument --conversations: must be an integer >= 1"),
+        (["run", "--conversations", "-2"], "argument --conversations: must be an integer >= 1"),
+        (["run", "--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'"),
+        (["run", "--repairs", "-1"], "argument --repairs: must be an integer >= 0, got '-1'"),
+        (["run", "--max-usd", "nan"], "argument --max-usd: must be a number >= 0, got 'nan'"),
+        (
+            ["run", "--coder-max-tokens", "0"],
+            "argument --coder-max-tokens: must be an integer >= 1",
+        ),
+    ],
+)
+def test_numeric_flags_are_validated_by_every_command(
+    beam_slice: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+    message: str,
+):  # fmt: skip
+    """Every numeric flag is checked by one shared argparse type: a bad value is one error line
+    and exit 2, before anything runs (``run --dry-run`` would otherwise print a plan)."""
+    command, *flags = argv
+    split = ["--split", "valid"]
+    extra = {"eval": ["--program", DENSE, *split], "compare": [DENSE, *split],
+             "run": ["--dry-run"]}[command]  # fmt: skip
+    runs = tmp_path / "runs"
+    code, out, err = run_cli(capsys, command, *extra, *flags, "--data-dir", str(beam_slice),
+                             "--runs-dir", str(runs), "--embedder", "hashing",
+                             "--cache-dir", str(tmp_path / "c"), "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, message)
+    assert out == "" and not runs.exists()
+
+
+@pytest.fixture
+def unreadable_programs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Program paths that cannot be read as a program, with the words their error must say."""
+    folder = tmp_path / "prog.py"
+    folder.mkdir()
+    latin1 = tmp_path / "latin1.py"
+    latin1.write_bytes(
+        Path(DENSE).read_bytes().replace(b"import numpy", b"# caf\xe9\nimport numpy")
+    )
+    return {
+        "directory": (folder, f"{folder} is a directory, not a .py file"),
+        "non-utf8": (latin1, f"cannot read {{what}} {latin1}: not UTF-8 text (invalid"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["directory", "non-utf8"])
+@pytest.mark.parametrize("command", ["eval", "compare", "check", "run"])
+def test_unreadable_program_is_one_error_line(
+    one_conv: Path, beam_slice: Path, capsys: pytest.CaptureFixture[str], command: str,
+    kind: str, unreadable_programs: dict[str, tuple[Path, str]],
+):  # fmt: skip
+    path, message = unreadable_programs[kind]
+    what = "seed program" if command == "run" else "program file"
+    argv = {
+        "eval": ["eval", "--program", str(path), "--split", "all", "--data-dir", str(one_conv)],
+        "compare": ["compare", str(path), "--split", "all", "--data-dir", str(one_conv)],
+        "check": ["check", str(path)],
+        "run": ["run", "--seed", str(path), "--data-dir", str(beam_slice), "--dry-run"],
+    }[command]
+    code, _, err = run_cli(capsys, *argv, *(["--no-progress"] if command != "check" else []))
+    assert_one_error_line(code, err, message.format(what=what))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("class Memory:", "class Memory(:"), "rule syntax at line"),
+        (("class Memory:", "class Memo:"), "rule missing-definition"),
+    ],
+)
+def test_run_refuses_a_bad_seed_before_creating_the_run(
+    beam_slice: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str],
+    message: str,
+):  # fmt: skip
+    seed = tmp_path / "seed.py"
+    seed.write_text(Path(DENSE).read_text().replace(*edit))
+    runs = tmp_path / "runs"
+    code, _, err = run_cli(capsys, "run", "--seed", str(seed), "--data-dir", str(beam_slice),
+                           "--runs-dir", str(runs), "--cache-dir", str(tmp_path / "c"),
+                           "--embedder", "hashing", "--rounds", "0,1,0",
+                           "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, f"seed program {seed}: sandbox tier 1 (source) failed")
+    assert message in error_lines(err)[0] and "--resume" not in err
+    assert not runs.exists() or not list(runs.iterdir())  # no run folder was created
+
+
+def empty_input(conv: Path, kind: str) -> None:
+    """Make the BEAM conversation folder ``conv`` give nothing to evaluate, in one of three ways."""
+    chat = conv / "chat.json"
+    if kind == "chat []":
+        chat.write_text("[]")
+    elif kind == "empty turns":
+        batches = json.loads(chat.read_text())
+        chat.write_text(json.dumps([{**b, "turns": [[] for _ in b["turns"]]} for b in batches]))
+    else:
+        (conv / "probing_questions" / "probing_questions.json").write_text("{}")
+
+
+EMPTY_KINDS = {"chat []": "has no message text", "empty turns": "has no message text",
+               "questions {}": "has no questions"}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(EMPTY_KINDS))
+@pytest.mark.parametrize("command", ["eval", "compare"])
+def test_empty_input_says_nothing_was_evaluated(
+    one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, kind: str
+):
+    empty_input(one_conv / "beam" / "chats" / "100K" / "1", kind)
+    program = ["--program", DENSE] if command == "eval" else [DENSE]
+    runs = tmp_path / "runs"
+    code, out, err = run_cli(capsys, command, *program, "--split", "all", "--data-dir",
+                             str(one_conv), "--embedder", "hashing", "--runs-dir", str(runs),
+                             "--cache-dir", str(tmp_path / "c"), "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, "nothing was evaluated: ")
+    assert EMPTY_KINDS[kind] in error_lines(err)[0] and out == "" and not runs.exists()
+
+
+@pytest.mark.parametrize("kind", list(EMPTY_KINDS))
+def test_run_on_empty_input_creates_no_run(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+):
+    from evolve.datasets.beam import split_refs
+
+    size, first = split_refs("train")[0]  # --conversations 1: the only one the run reads
+    data = write_slice(
+        data_dir, tmp_path / "data", refs=[*split_refs("train"), *split_refs("valid")]
+    )
+    empty_input(data / "beam" / "chats" / size / first, kind)
+    runs = tmp_path / "runs"
+    code, _, err = run_cli(capsys, "run", "--data-dir", str(data), "--conversations", "1",
+                           "--rounds", "0,0,0", "--embedder", "hashing", "--runs-dir", str(runs),
+                           "--cache-dir", str(tmp_path / "c"), "--no-progress")  # fmt: skip
+    assert_one_error_line(code, err, "nothing was evaluated: beam train (1 conversation) ")
+    assert EMPTY_KINDS[kind] in error_lines(err)[0] and not runs.exists()

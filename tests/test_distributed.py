@@ -88,7 +88,7 @@ def data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def comparable(report: Any) -> list[dict[str, Any]]:
     keep = ("id", "retrieved", "scores", "error", "query")
-    return [{k: t.get(k) for k in keep} for t in report.traces]
+    return [{k: getattr(t, k) for k in keep} for t in report.traces]
 
 
 def test_executor_starts_a_private_instance_that_matches_local(

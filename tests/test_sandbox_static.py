@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.static import ALLOWED_IMPORTS, check_source
 
-SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("*.py"))
+SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("[!_]*.py"))
 
 BASE = '''"""A minimal valid program; snippets are appended after it."""
 from dataclasses import dataclass
@@ -110,6 +110,12 @@ def test_missing_definition() -> None:
         ("class X(object if True else int):\n    pass\n", "dynamic-base", 1),
         ("X = type('X', (), {})\n", "dynamic-type", 1),
         ("X = 'str'\n\ndef f(a: X):\n    pass\n", "annotation-alias", 3),
+        (
+            "def chosen(self, query):\n    return ''\n\nMemory.retrieve = chosen\n",
+            "import-time-mutation",
+            4,
+        ),
+        ("CFG = {'k': 3}\nZZ = CFG.update(k=9)\n", "import-time-call", 2),
     ],
 )
 def test_each_rule_reports_its_id_and_line(snippet: str, rule: str, line: int) -> None:
@@ -231,6 +237,20 @@ HOSTILE = [
     ),
     ("class Leak:\n    X = 'open(0)'\n    content: list[X]", "annotation-alias"),
     ("class Leak:\n    content: 'Leak.X'\nLeak.X = 'open(0)'", "annotation-alias"),
+    # import-time changes the stage fingerprints cannot attribute to a component
+    ("def chosen(self, query):\n    return ''\nMemory.retrieve = chosen", "import-time-mutation"),
+    ("CFG = {'k': 3}\nCFG['k'] = 9", "import-time-mutation"),
+    ("del Memory.index", "import-time-mutation"),
+    ("MemoryUnit.weight = 2", "import-time-mutation"),
+    ("import decimal\ndecimal.getcontext().prec = 5", "import-time-mutation"),
+    ("class K:\n    L = []\n    L[0:0] = [1]", "import-time-mutation"),
+    ("CFG = {'k': 3}\nZZ = CFG.update(k=9)", "import-time-call"),
+    ("LIST = []\nLIST.append(1)", "import-time-call"),
+    ("REG = {'a': []}\nREG['a'].append(1)", "import-time-call"),
+    ("LIST = []\ndef f(x=LIST.append(1)):\n    return x", "import-time-call"),
+    ("LIST = []\n@LIST.append\ndef f():\n    pass", "import-time-call"),
+    ("LIST = []\nclass K:\n    n = LIST.append(1)", "import-time-call"),
+    ("x = Memory.register(int)", "import-time-call"),
 ]
 
 
@@ -241,6 +261,113 @@ def test_hostile_snippets_are_rejected(snippet: str, rule: str) -> None:
 
 def test_at_least_25_distinct_hostile_snippets() -> None:
     assert len({s for s, _ in HOSTILE}) >= 25
+
+
+# --- run-time module state: what a restored memory would not see ---------------------------
+
+INDEX_FILLS_MODULE_DICT = (
+    BASE.replace("class Memory:", "SEEN = {}\n\n\nclass Memory:")
+    .replace(
+        "        self._units.extend(units)\n",
+        "        self._units.extend(units)\n        SEEN[segment] = len(units)\n",
+    )
+    .replace('return "\\n".join(', 'return str(len(SEEN)) + "\\n".join(')
+)
+
+
+def test_index_filling_a_module_dict_that_retrieve_reads_is_rejected() -> None:
+    """A child reusing the stored memory never runs index, so SEEN would be empty there."""
+    findings = check_source(INDEX_FILLS_MODULE_DICT)
+    assert [f.rule for f in findings] == ["module-state-mutation"]
+    line = INDEX_FILLS_MODULE_DICT.splitlines().index("        SEEN[segment] = len(units)") + 1
+    assert findings[0].line == line
+    assert "'SEEN'" in findings[0].message and "keep state on self" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    "snippet, rule, line",
+    [
+        ("N = 0\ndef bump():\n    global N\n    N = 1\n", "module-state-rebind", 3),
+        (
+            "def f():\n    x = 0\n    def g():\n        nonlocal x\n        x += 1\n    return g\n",
+            "module-state-rebind",
+            4,
+        ),
+        (
+            "class S:\n    pass\nSTATE = S()\ndef f():\n    STATE.x = 1\n",
+            "module-state-mutation",
+            5,
+        ),
+        ("C = {'n': 0}\ndef f():\n    C['n'] += 1\n", "module-state-mutation", 3),
+        ("C = {'n': 0}\ndef f():\n    del C['n']\n", "module-state-mutation", 3),
+        ("L = []\ndef f(x):\n    L.append(x)\n", "module-state-mutation", 3),
+        ("S = set()\nf = lambda x: S.add(x)\n", "module-state-mutation", 2),
+        ("D = {}\ndef f(x):\n    D.get('a').append(x)\n", "module-state-mutation", 3),
+        ("import heapq\nH = []\ndef f(x):\n    heapq.heappush(H, x)\n", "module-state-mutation", 4),
+        (
+            "import numpy as np\nA = np.zeros(3)\ndef f():\n    A.fill(1)\n",
+            "module-state-mutation",
+            4,
+        ),
+        (
+            "import numpy as np\nA = np.zeros(3)\ndef f():\n    A[...] = 0\n",
+            "module-state-mutation",
+            4,
+        ),
+        (
+            "import numpy as np\nA = np.zeros(3)\ndef f():\n    np.add(A, 1, out=A)\n",
+            "module-state-mutation",
+            4,
+        ),
+        (
+            "import numpy as np\nA = np.zeros(3)\ndef f():\n    np.add.at(A, [0], 1)\n",
+            "module-state-mutation",
+            4,
+        ),
+        (
+            "C = {}\nclass K:\n    def __init__(self):\n        self.c = C\n",
+            "module-state-mutation",
+            4,
+        ),
+        ("def f(x, seen=set()):\n    return x\n", "module-state-mutation", 1),
+        (
+            "def postprocess_units(units, segment):\n    Memory.last = units\n    return units\n",
+            "module-state-mutation",
+            2,
+        ),
+        (
+            "class K:\n    cache = {}\n    def f(self, x):\n        self.cache[x] = 1\n",
+            "class-state-mutation",
+            4,
+        ),
+        (
+            "class K:\n    seen = []\n    def f(self, x):\n        self.seen.append(x)\n",
+            "class-state-mutation",
+            4,
+        ),
+        (
+            "class K:\n    n = 0\n    @classmethod\n    def f(cls):\n        cls.n = 1\n",
+            "class-state-mutation",
+            5,
+        ),
+        ("class K:\n    def f(self):\n        type(self).n = 1\n", "class-state-mutation", 3),
+        ("import random\ndef f():\n    random.seed(1)\n", "global-rng", 3),
+        ("import numpy as np\ndef f():\n    np.random.seed(1)\n", "global-rng", 3),
+        ("import numpy\ndef f():\n    return numpy.random.rand()\n", "global-rng", 3),
+        ("from random import shuffle\ndef f(xs):\n    shuffle(xs)\n", "global-rng", 3),
+        ("import random\ndef f():\n    return random.random()\n", "global-rng", 3),
+        (
+            "import random\nRNG = random.Random(0)\ndef f():\n    return RNG.random()\n",
+            "global-rng",
+            4,
+        ),
+    ],
+)
+def test_run_time_state_outside_self_is_rejected(snippet: str, rule: str, line: int) -> None:
+    assert (rule, line) in check(snippet)
+    for finding in check_source(BASE + snippet):
+        assert "\n" not in finding.message and f"(line {finding.line})" in finding.message
+        assert "on self" in finding.message or "copy it" in finding.message
 
 
 # --- benign code must pass ------------------------------------------------------------------
@@ -263,7 +390,7 @@ BENIGN = [
     "from collections import namedtuple\nP = namedtuple('P', 'a b')\np = P(1, 2)._replace(a=3)",
     "from typing import Generic, TypeVar\nT = TypeVar('T')\nclass Box(Generic[T]):\n    pass",
     "import abc\nclass Base(abc.ABC):\n    @abc.abstractmethod\n    def run(self):\n        ...",
-    "import re\nWORD = re.compile(r'\\w+')\nwords = WORD.findall('a b')",
+    "import re\nWORD = re.compile(r'\\w+')\ndef words(text):\n    return WORD.findall(text)",
     "import datetime\nd = datetime.date.fromisoformat('2024-01-02')",
     "import math\ndef f(x: float) -> float:\n    return math.exp(x)",
     "def f(x: 'MemoryUnit') -> 'list[MemoryUnit]':\n    return [x]",
@@ -272,8 +399,20 @@ BENIGN = [
     "class Node:\n    __slots__ = ('a',)\n\n"
     "    def __eq__(self, other):\n        return self.a == other.a",
     "lines = [u for u in range(3)]\ntry:\n    pass\nexcept ValueError as exc:\n    msg = str(exc)",
-    "def g():\n    global TOTAL\n    TOTAL = 1\n    del TOTAL",
     "key = lambda u: (u.content, len(u.content))",
+    "LIST = [1]\ndef grow(x=len(LIST)):\n    out = list(LIST)\n    out.append(x)\n    return out",
+    "CACHE = {}\ndef f():\n    CACHE = {}\n    CACHE['a'] = 1\n    return CACHE",
+    "def f(CACHE, heap):\n    CACHE['a'] = 1\n    heap.append(1)",
+    "import heapq\nclass Box:\n    def __init__(self):\n        self.heap = []\n"
+    "    def put(self, x):\n        heapq.heappush(self.heap, x)",
+    "STOP = {'a'}\nTOP_K = 3\nclass K:\n    def __init__(self):\n        self.k = TOP_K\n"
+    "        self.stop = set(STOP)\n    def has(self, w):\n        return w in STOP",
+    "import random\nimport numpy as np\nrandom.seed(0)\nclass K:\n    def __init__(self):\n"
+    "        self.r = random.Random(1)\n        self.g = np.random.default_rng(2)\n"
+    "    def draw(self):\n        return self.r.random() + self.g.normal()",
+    "class K:\n    LIMIT = 3\n    seen: list\n    def __init__(self):\n        self.seen = []\n"
+    "    def add(self, x):\n        self.seen.append(x)\n        return self.LIMIT",
+    "class Box:\n    def put(self, x):\n        self.items = [x]\n        self.items.append(x)",
     "from typing import TypeVar\nT = TypeVar('T')\ndef first(xs: list[T]) -> T:\n    return xs[0]",
     "from datetime import date\n@dataclass\nclass Dated:\n    date: str | None = None\n"
     "def parse(text: str) -> date:\n    return date.fromisoformat(text)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import os
 import pickle
@@ -11,7 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from evolve import prompts, session
 from evolve.program import load_program
 from evolve.stagecache import (
     COMPONENTS,
@@ -277,6 +281,72 @@ def test_changed_components_keeps_component_order() -> None:
     assert _changed(new) == ["extract", "retrieve", "answer"]
 
 
+# --- import-time code: what the issue's stale-reuse programs do ----------------------------
+
+PATCHED = BASE + textwrap.dedent(
+    """
+    def chosen_retrieve(self, query):
+        return "a"
+
+
+    Memory.retrieve = chosen_retrieve
+    """
+)
+CFG_BASE = _sub("[:TOP_K]", "[:CFG['k']]", _sub("TOP_K = 3", "CFG = {'k': 3}"))
+
+
+def test_method_patched_in_after_the_class_is_retrieval_code() -> None:
+    edited = PATCHED.replace('return "a"', 'return "b"')
+    assert "retrieve" in changed_components(PATCHED, edited)
+    assert "retrieve" in changed_components(BASE, PATCHED)
+
+
+def test_rebinding_memory_after_the_class_is_memory_code() -> None:
+    other = CFG_BASE + "\n\nclass Other(Memory):\n    pass\n\n\nMemory = Other\n"
+    edited = other.replace("    pass\n", "    def retrieve(self, query):\n        return ''\n")
+    assert {"index", "retrieve"} <= set(changed_components(other, edited))
+
+
+@pytest.mark.parametrize(
+    "effect",
+    [
+        "ZZ = CFG.update(k=9)",  # a method call filed under the name it binds
+        "ZZ = helper(9)",  # a helper that changes CFG when the module runs it
+        "ZZ = [CFG.update(k=n) for n in (9,)]",
+        "def ZZ(x=CFG.update(k=9)):\n    return x",  # a default argument runs at definition
+        "class ZZ:\n    n = CFG.update(k=9)",  # a class body runs at definition
+        "ZZ = (YY := CFG).update(k=9)",
+    ],
+)
+def test_import_time_side_effect_belongs_to_the_components_that_read_it(effect: str) -> None:
+    base = CFG_BASE + "\n\ndef helper(n):\n    CFG.update(k=n)\n    return n\n\n\n"
+    program = base + effect + "\n"
+    assert changed_components(base, program) == ["retrieve"]
+    assert changed_components(program, program.replace("9", "8")) == ["retrieve"]
+
+
+def test_walrus_at_module_level_binds_its_name() -> None:
+    program = _sub("TOP_K = 3", "LIMIT = (TOP_K := 3)")
+    assert changed_components(program, program.replace("(TOP_K := 3)", "(TOP_K := 4)")) == [
+        "retrieve"
+    ]
+
+
+def test_call_into_a_stateful_module_reaches_its_users() -> None:
+    program = _sub("import math\n", "import math\nimport random\n")
+    program = _sub("-math.log1p(s[0])", "-math.log1p(s[0]) * random.random()", program)
+    seeded = program + "\nZZ = random.seed(1)\n"
+    assert changed_components(program, seeded) == ["retrieve"]
+    # a stateless module's calls (re.compile, dataclasses) are not effects on other users
+    pure = _sub("import math\n", "import math\nimport re\n") + "\nWORD = re.compile('x')\n"
+    assert changed_components(pure, pure.replace("'x'", "'y'")) == []
+
+
+def test_annotations_do_not_tie_a_helper_to_the_classes_it_names() -> None:
+    typed = _sub("def rank(scores):", "def rank(scores: list[MemoryUnit]) -> list[Query]:")
+    assert changed_components(typed, typed.replace("-math.log1p(s[0])", "-s[0]")) == ["retrieve"]
+
+
 def test_syntax_error_raises() -> None:
     with pytest.raises(SyntaxError):
         fingerprints("def broken(:\n")
@@ -285,8 +355,61 @@ def test_syntax_error_raises() -> None:
 # --- StageKeys ----------------------------------------------------------------------------
 
 
-def _keys(source: str = BASE, model: str = "offline", embed: str = "hashing-384") -> StageKeys:
-    return StageKeys(fingerprints(source), model, embed)
+def _keys(
+    source: str = BASE, model: str = "offline", embed: str = "hashing-384", evaluator: str = "v1"
+) -> StageKeys:
+    return StageKeys(fingerprints(source), model, embed, evaluator)
+
+
+def _every_key(keys: StageKeys) -> list[str]:
+    extract = keys.extract("seg-a")
+    index, plan = keys.index([extract]), keys.plan("Where?", None)
+    retrieve = keys.retrieve(index, plan)
+    return [extract, index, plan, retrieve, keys.answer(retrieve, "Where?")]
+
+
+def test_every_key_carries_the_evaluator_version() -> None:
+    base = _every_key(_keys())
+    assert _every_key(_keys()) == base
+    assert not set(_every_key(_keys(evaluator="v2"))) & set(base)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        (session, "EVALUATOR_VERSION", "2"),
+        (prompts, "EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
+        (prompts, "PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
+        (prompts, "ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
+        (prompts, "EXTRACT_WINDOW_CHARS", 12_000),
+        (session, "OUT_CHAR_BUDGET", 8_000),
+        (session, "TRUNCATION", "suffix"),
+    ],
+)
+def test_evaluator_version_follows_what_shapes_outputs(
+    monkeypatch: pytest.MonkeyPatch, change: tuple[Any, str, Any]
+) -> None:
+    base = session.evaluator_version()
+    monkeypatch.setattr(*change)
+    assert session.evaluator_version() != base
+
+
+@pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
+def test_evaluator_version_follows_library_versions(
+    monkeypatch: pytest.MonkeyPatch, library: str
+) -> None:
+    base = session.evaluator_version()
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name)
+    )
+    assert session.evaluator_version() != base
+
+
+def test_evaluator_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = session.evaluator_version()
+    monkeypatch.setattr(session.Embedder, "name", "all-MiniLM-L12-v2")
+    assert session.evaluator_version() != base
 
 
 def test_stage_keys_extract() -> None:
@@ -344,7 +467,7 @@ def test_keys_of_different_stages_differ() -> None:
 
 def test_store_json_round_trip(tmp_path: Path) -> None:
     store = StageStore(tmp_path)
-    value = {"units": [{"content": "a", "date": None}], "n": 2, "ok": True}
+    value = [{"content": "a", "date": None, "n": 2, "ok": True}]  # extract: a list of units
     assert store.get_json("extract", "ab" * 32) is None
     assert not store.has("extract", "ab" * 32)
     store.put_json("extract", "ab" * 32, value)
@@ -355,7 +478,7 @@ def test_store_json_round_trip(tmp_path: Path) -> None:
 
 def test_store_bytes_round_trip(tmp_path: Path) -> None:
     store = StageStore(tmp_path)
-    data = bytes(range(256)) * 10
+    data = pickle.dumps(bytes(range(256)) * 10)  # index: a pickled state
     assert store.get_bytes("index", "cd" * 32) is None
     store.put_bytes("index", "cd" * 32, data)
     assert store.get_bytes("index", "cd" * 32) == data
@@ -365,9 +488,9 @@ def test_store_bytes_round_trip(tmp_path: Path) -> None:
 
 def test_store_overwrite(tmp_path: Path) -> None:
     store = StageStore(tmp_path)
-    store.put_json("plan", "k1", [1])
-    store.put_json("plan", "k1", [2])
-    assert store.get_json("plan", "k1") == [2]
+    store.put_json("plan", "k1", {"q": 1})
+    store.put_json("plan", "k1", {"q": 2})
+    assert store.get_json("plan", "k1") == {"q": 2}
 
 
 def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:
@@ -713,3 +836,78 @@ def test_hybrid_seed_state_round_trip() -> None:
     assert restored.backend is new_backend
     assert all(type(u) is child.memory_unit for u in restored.units)
     assert restored.retrieve(child.query("Where does my sister live?")) == expected
+
+
+# --- property: an edit that changes what retrieve returns changes its fingerprint ------------
+
+_HELPERS = (
+    '    D{d}["v"] += #\n    return #',  # changes a dict when it runs
+    '    return D{d}["v"] + #',
+)
+_EFFECTS = ("Z{i} = f{h}()", "Z{i} = D{d}.update(v=#)", 'Z{i} = D{d}["v"] * #')
+
+
+@st.composite
+def _generated(draw: st.DrawFn) -> tuple[list[str], list[int]]:
+    """A program as source lines with integer holes (``#``), and the integers that fill them."""
+    dicts = draw(st.integers(1, 3))
+    lines = [f'D{d} = {{"v": #}}' for d in range(dicts)]
+    helpers = draw(st.lists(st.tuples(st.sampled_from(_HELPERS), st.integers(0, dicts - 1)),
+                            max_size=3))  # fmt: skip
+    for h, (body, d) in enumerate(helpers):
+        lines += [f"def f{h}():", body.format(d=d)]
+    kinds = [k for k in _EFFECTS if helpers or not k.startswith("Z{i} = f")]
+    effects = draw(st.lists(st.sampled_from(kinds), max_size=3))
+    for i, kind in enumerate(effects):
+        h = draw(st.integers(0, max(len(helpers) - 1, 0)))
+        lines.append(kind.format(i=i, h=h, d=draw(st.integers(0, dicts - 1))))
+    read = [f'D{d}["v"]' for d in range(dicts)] + [f"Z{i}" for i in range(len(effects))]
+    shown = draw(st.lists(st.sampled_from(read), min_size=1, max_size=3))
+    lines += [
+        "class Memory:",
+        "    def index(self, units, segment):",
+        "        return None",
+        "    def retrieve(self, query):",
+        f"        return str([{', '.join(shown)}, #])",
+    ]
+    if draw(st.booleans()):  # patched in after the class, as in the issue
+        lines += ["def chosen(self, query):", "    return str(#)", "Memory.retrieve = chosen"]
+    holes = sum(line.count("#") for line in lines)
+    return lines, draw(st.lists(st.integers(1, 9), min_size=holes, max_size=holes))
+
+
+def _render(lines: list[str], ints: list[int]) -> str:
+    head = 'EXTRACTION_INSTRUCTION = "e"\nPLANNING_INSTRUCTION = "p"\nANSWER_INSTRUCTION = "a"\n'
+    pieces = "\n".join(lines).split("#")
+    body = "".join(p + str(n) for p, n in zip(pieces, [*ints, ""], strict=True))
+    return head + body + "\n"
+
+
+def _retrieved(source: str) -> str:
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<generated>", "exec"), namespace)  # our own generated code
+    return str(namespace["Memory"]().retrieve(None))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_generated(), st.data())
+def test_an_edit_that_changes_retrieval_changes_its_fingerprint(
+    program: tuple[list[str], list[int]], data: st.DataObject
+) -> None:
+    lines, ints = program
+    hole = data.draw(st.integers(0, len(ints) - 1))
+    edited = [*ints[:hole], ints[hole] + data.draw(st.integers(1, 5)), *ints[hole + 1 :]]
+    before, after = _render(lines, ints), _render(lines, edited)
+    changed = changed_components(before, after)
+    if _retrieved(before) != _retrieved(after):
+        assert "retrieve" in changed
+    assert not {"extract", "plan", "answer"} & set(changed)  # they reach none of it
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2), st.integers(-50, 50), st.sampled_from(["+", "*", "-"]))
+def test_an_edit_nothing_reaches_changes_no_fingerprint(which: int, n: int, op: str) -> None:
+    helper = "\n\ndef unused(x):\n    return [x {op} {n}, x {op} 1, {n}]\n"
+    program = BASE + helper.format(op="+", n=0)
+    bodies = [helper.format(op=op, n=n), helper.format(op="-", n=n + 1), helper.format(op=op, n=7)]
+    assert fingerprints(BASE + bodies[which]) == fingerprints(program) == fingerprints(BASE)

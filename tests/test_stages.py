@@ -25,6 +25,7 @@ from evolve.evolution.selection import dependency_aware, round_robin
 from evolve.evolution.stages import common_ancestor, partners
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.models.testing import HashingEmbedder, ScriptedLLM
+from evolve.trace import QuestionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
@@ -149,9 +150,10 @@ def tiny_tasks() -> tuple[TaskSet, list[dict[str, Any]], list[dict[str, Any]]]:
     qs = tuple(Question(f"q{i}", "c", "information_extraction", "F", f"what {i}?", str(i),
                         evidence_ids=(str(i),)) for i in range(4))  # fmt: skip
 
-    def traces(values: list[float]) -> list[dict[str, Any]]:
-        return [{"id": f"q{i}", "retrieved": f"fact {i}", "query": {"text": "x"},
-                 "scores": {"evidence_similarity": v, "evidence_hit_rate": v}}
+    def traces(values: list[float]) -> list[QuestionTrace]:
+        return [QuestionTrace(id=f"q{i}", conversation_id="c", retrieved=f"fact {i}",
+                              query={"text": "x"},
+                              scores={"evidence_similarity": v, "evidence_hit_rate": v})
                 for i, v in enumerate(values)]  # fmt: skip
 
     return (

@@ -36,6 +36,7 @@ from evolve.datasets.types import (
     TaskSet,
     read_json,
 )
+from evolve.resources import split_file
 
 SIZES: tuple[str, ...] = ("100K", "500K", "1M", "10M")
 
@@ -83,7 +84,7 @@ QUESTIONS_FILE = Path("probing_questions") / "probing_questions.json"
 TOPIC_FILE = "topic.json"
 SPLIT_NAMES: tuple[str, ...] = ("train", "valid", "holdout", "test")
 DEFAULT_SPLIT = "valid"  # what `evolve eval` scores unless told otherwise
-DEFAULT_SPLITS_FILE = Path(__file__).resolve().parents[2] / "splits" / "beam.json"
+DEFAULT_SPLITS_FILE = split_file("beam.json")
 
 _MONTH_NAMES = (
     "january february march april may june july august september october november december"
@@ -406,6 +407,16 @@ def data_files(data_dir: Path, refs: list[tuple[str, str]]) -> list[Path]:
 def load_taskset(data_dir: Path, split: str, splits_file: Path | None = None) -> TaskSet:
     """A named split (train/valid/holdout/test from the splits file), ``all`` (every 100K
     conversation on disk) or ``all:<size>`` (every conversation of that size on disk)."""
+    return _taskset(data_dir, split, _refs(data_dir, split, splits_file))
+
+
+def split_files(data_dir: Path, split: str, conversations: int | None = None) -> list[Path]:
+    """The files a split (its first ``conversations`` conversations) is read from."""
+    return data_files(data_dir, _refs(data_dir, split)[:conversations])
+
+
+def _refs(data_dir: Path, split: str, splits_file: Path | None = None) -> list[tuple[str, str]]:
+    """The (size, conv) pairs of a split, each checked to have a chat file on disk."""
     if split == "all" or split.startswith("all:"):
         size = split.partition(":")[2] or "100K"
         if size not in SIZES:
@@ -415,7 +426,7 @@ def load_taskset(data_dir: Path, split: str, splits_file: Path | None = None) ->
             raise DataError(
                 f"no BEAM-{size} conversation with a chat file: {_missing_hint(data_dir, size)}"
             )
-        return _taskset(data_dir, split, [(size, c) for c in convs])
+        return [(size, c) for c in convs]
     if split not in SPLIT_NAMES:
         valid = ", ".join([*SPLIT_NAMES, "all", *(f"all:{s}" for s in SIZES)])
         raise DataError(f"unknown BEAM split {split!r} (valid: {valid})")
@@ -427,4 +438,4 @@ def load_taskset(data_dir: Path, split: str, splits_file: Path | None = None) ->
                 f"split {split!r} names beam/{size}/{conv} but {cdir} has no chat file; "
                 f"{_missing_hint(data_dir, size)}"
             )
-    return _taskset(data_dir, split, refs)
+    return refs

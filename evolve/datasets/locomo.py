@@ -29,6 +29,13 @@ Invariants:
   message go to ``meta["dropped_evidence"]``. Ids are deduplicated in order.
 - A split naming samples absent from the file on disk, and every malformed file, raise
   `DataError` with one line naming the file.
+- Question halves (:data:`HALF_SPLITS`, for ``evolve run`` on the sample file, whose one
+  sample is in no train or valid split): ``sample:train`` / ``sample:valid`` hold every sample
+  on disk with every other question of each category in ``qa`` order (the 1st, 3rd, … to
+  train, the 2nd, 4th, … to valid), so the halves are disjoint and stratified by category. A
+  run reads them (:func:`run_split`) only when ``locomo10.json`` is absent and says so. The
+  shipped sample, conv-26, is in the full file's test split: such a run is a trial, and its
+  programs have seen that test sample.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from evolve.datasets.types import (
     read_json,
     read_records,
 )
+from evolve.resources import split_file
 
 DATA_FILES: tuple[str, ...] = ("locomo10.json", "locomo-sample.json")  # preference order
 OFFICIAL_SAMPLES: tuple[str, ...] = (
@@ -61,9 +69,10 @@ OFFICIAL_SAMPLES: tuple[str, ...] = (
     "conv-44", "conv-47", "conv-48", "conv-49", "conv-50",
 )  # fmt: skip
 SPLIT_NAMES: tuple[str, ...] = ("train", "valid", "test")
+HALF_SPLITS: dict[str, int] = {"sample:train": 0, "sample:valid": 1}  # -> parity of the question
 DEFAULT_SPLIT = "all"  # LoCoMo is an evaluation benchmark: `evolve eval` scores every sample
 SPLIT_SIZES: dict[str, int] = {"train": 3, "valid": 2, "test": 5}
-DEFAULT_SPLITS_FILE = Path(__file__).resolve().parents[2] / "splits" / "locomo.json"
+DEFAULT_SPLITS_FILE = split_file("locomo.json")
 SPLITS_GENERATOR = (
     "evolve.datasets.locomo.build_splits: the 10 official sample ids in file order (conv-26 … "
     "conv-50), shuffled with random.Random(seed); first 3 = train, next 2 = valid, last 5 = "
@@ -321,12 +330,15 @@ def split_samples(split: str, splits_file: Path | None = None) -> list[str]:
 
 
 def load_taskset(data_dir: Path, split: str, splits_file: Path | None = None) -> TaskSet:
-    """A named split (train/valid/test from the splits file) or ``all`` (every sample on disk)."""
-    if split != "all" and split not in SPLIT_NAMES:
-        raise DataError(f"unknown LoCoMo split {split!r} (valid: {', '.join(SPLIT_NAMES)}, all)")
+    """A named split (train/valid/test from the splits file), ``all`` (every sample on disk) or
+    a question half (``sample:train``, ``sample:valid``; see the module docstring)."""
+    if split != "all" and split not in SPLIT_NAMES and split not in HALF_SPLITS:
+        valid = ", ".join([*SPLIT_NAMES, "all", *HALF_SPLITS])
+        raise DataError(f"unknown LoCoMo split {split!r} (valid: {valid})")
     path = data_file(data_dir)
     samples = read_samples(path)
-    wanted = list(samples) if split == "all" else split_samples(split, splits_file)
+    named = split != "all" and split not in HALF_SPLITS
+    wanted = split_samples(split, splits_file) if named else list(samples)
     missing = [s for s in wanted if s not in samples]
     if missing:
         only = (
@@ -342,9 +354,36 @@ def load_taskset(data_dir: Path, split: str, splits_file: Path | None = None) ->
     questions: list[Question] = []
     for sid in wanted:
         conv, qs = load_sample(samples[sid], path)
+        if split in HALF_SPLITS:
+            qs = _half(qs, HALF_SPLITS[split])
         conversations.append(conv)
         questions.extend(qs)
     return TaskSet("locomo", split, tuple(conversations), tuple(questions))
+
+
+def _half(questions: list[Question], parity: int) -> list[Question]:
+    """Every other question of each category, in order, starting with the first (parity 0)
+    or the second (parity 1)."""
+    seen: Counter[int] = Counter()
+    kept = []
+    for q in questions:
+        category = category_of(q)
+        if seen[category] % 2 == parity:
+            kept.append(q)
+        seen[category] += 1
+    return kept
+
+
+def run_split(data_dir: Path, role: str) -> str:
+    """The split a run's ``role`` reads: its own with ``locomo10.json``; on the sample file,
+    train and valid read the question halves (test stays ``test``, which needs the full file)."""
+    half = f"sample:{role}"
+    return half if half in HALF_SPLITS and data_file(data_dir).name != DATA_FILES[0] else role
+
+
+def split_files(data_dir: Path, split: str, conversations: int | None = None) -> list[Path]:
+    """The files a split is read from: the one data file, whichever samples it takes."""
+    return [data_file(data_dir)]
 
 
 def _counts(questions: list[Question]) -> dict[str, Any]:

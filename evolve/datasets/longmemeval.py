@@ -60,6 +60,7 @@ from evolve.datasets.types import (
     read_json,
     read_records,
 )
+from evolve.resources import split_file
 
 TYPE_CAPABILITY: dict[str, str] = {
     "single-session-user": "F",
@@ -82,7 +83,7 @@ FILE_NAMES: dict[str, tuple[str, ...]] = {  # lookup order per variant
 VARIANTS: tuple[str, ...] = tuple(FILE_NAMES)
 SPLIT_NAMES: tuple[str, ...] = ("train", "valid", "test")
 DEFAULT_SPLIT = "valid"  # what `evolve eval` scores unless told otherwise (as for BEAM)
-DEFAULT_SPLITS_FILE = Path(__file__).resolve().parents[2] / "splits" / "longmemeval.json"
+DEFAULT_SPLITS_FILE = split_file("longmemeval.json")
 
 RELEASE_QUESTIONS = 500
 RELEASE_PER_TYPE: dict[str, int] = {  # benchmarks.md §3.2
@@ -416,19 +417,34 @@ class _Selection:
         self.note: str | None = None
 
 
-def _select(data_dir: Path, split: str, splits_file: Path | None) -> _Selection:
-    if split == "all" or split.startswith("all:"):
+def _variant(split: str, rule: dict[str, Any] | None) -> str:
+    """The variant a split reads: ``all[:<variant>]`` names it, a rule split has one."""
+    if rule is None:
         variant = split.partition(":")[2] or "s"
         if variant not in VARIANTS:
             raise DataError(f"unknown LongMemEval variant in split {split!r} (expected {VARIANTS})")
-        path = data_file(data_dir, variant)
-        return _Selection(variant, path, read_instances(path))
-    rule = read_rule(splits_file)
+        return variant
     if split not in rule["splits"]:
         raise DataError(f"no split {split!r} in the LongMemEval split rule")
-    variant = rule["splits"][split]["variant"]
+    return str(rule["splits"][split]["variant"])
+
+
+def _rule_of(split: str, splits_file: Path | None) -> dict[str, Any] | None:
+    return None if split == "all" or split.startswith("all:") else read_rule(splits_file)
+
+
+def split_files(data_dir: Path, split: str, conversations: int | None = None) -> list[Path]:
+    """The file a split is read from (one per variant, whichever questions it takes)."""
+    return [data_file(data_dir, _variant(split, _rule_of(split, None)))]
+
+
+def _select(data_dir: Path, split: str, splits_file: Path | None) -> _Selection:
+    rule = _rule_of(split, splits_file)
+    variant = _variant(split, rule)
     path = data_file(data_dir, variant)
     sel = _Selection(variant, path, read_instances(path))
+    if rule is None:
+        return sel
     types = {raw["question_id"]: raw["question_type"] for raw in sel.instances}
     size = split_sizes(rule, len(types))[split]
     if size == 0:

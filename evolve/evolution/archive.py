@@ -28,6 +28,7 @@ import numpy as np
 
 from evolve.datasets.types import CAPABILITIES
 from evolve.evolution.store import CandidateMeta
+from evolve.trace import QuestionTrace
 
 CONFIDENCE = 0.9  # share of bootstrap means that must lie above zero
 RESAMPLES = 2000
@@ -42,15 +43,14 @@ def fitness(block: dict[str, Any] | None) -> float:
     return sum(present) / len(values) if present else 0.0
 
 
-def question_fitness(traces: Iterable[dict[str, Any]]) -> dict[str, float]:
+def question_fitness(traces: Iterable[QuestionTrace]) -> dict[str, float]:
     """Per-question fitness of scored traces (questions without any retrieval metric, such as
     BEAM's abstention questions, are left out: they cannot tell two programs apart)."""
     out = {}
+    metrics = ("evidence_similarity", "evidence_hit_rate")
     for t in traces:
-        scores = t.get("scores") or {}
-        if any(isinstance(scores.get(k), int | float) for k in ("evidence_similarity",
-                                                                 "evidence_hit_rate")):  # fmt: skip
-            out[str(t["id"])] = fitness(scores)
+        if any(isinstance(t.scores.get(k), int | float) for k in metrics):
+            out[t.id] = fitness(t.scores)
     return out
 
 

@@ -27,20 +27,20 @@ from evolve.diagnostics import unit_text
 from evolve.evolution.annotate import Labels
 from evolve.evolution.compact import compact_case
 from evolve.models.embed import Embedder
+from evolve.trace import QuestionTrace
 
 MAX_EVIDENCE = 4
 CASE_CHARS = 11_300  # a compact case's mean size on BEAM-100K train (bench/compact_cases.py)
 UnitsOf = Callable[[str, int], list[dict[str, Any]] | None]  # (conversation id, session) -> units
 
 
-def _badness(trace: dict[str, Any]) -> float:
-    scores = trace.get("scores") or {}
-    values = [scores.get("evidence_similarity"), scores.get("evidence_hit_rate")]
+def _badness(trace: QuestionTrace) -> float:
+    values = [trace.scores.get("evidence_similarity"), trace.scores.get("evidence_hit_rate")]
     return sum(v for v in values if isinstance(v, int | float)) / len(values)
 
 
 def failing_cases(
-    traces: list[dict[str, Any]],
+    traces: list[QuestionTrace],
     tasks: TaskSet,
     target: str | None,
     limit: int = 4,
@@ -54,19 +54,19 @@ def failing_cases(
     """Up to ``limit`` questions of capability ``target`` (all when None): the worst-scored, or
     a seeded random draw (``mode="random"``)."""
     questions = {q.id: q for q in tasks.questions}
-    pool = [t for t in traces if t.get("id") in questions]
+    pool = [t for t in traces if t.id in questions]
     if target is not None:
-        pool = [t for t in pool if _covers(questions[t["id"]], target, labels)]
-    pool.sort(key=lambda t: (_badness(t), t["id"]))
+        pool = [t for t in pool if _covers(questions[t.id], target, labels)]
+    pool.sort(key=lambda t: (_badness(t), t.id))
     if mode == "random":
         random.Random(seed).shuffle(pool)
     chosen = pool[:limit]
-    return tuple(_case(t, questions[t["id"]], tasks, embedder, units_of) for t in chosen)
+    return tuple(_case(t, questions[t.id], tasks, embedder, units_of) for t in chosen)
 
 
 def differential_cases(
-    mine: list[dict[str, Any]],
-    theirs: list[dict[str, Any]],
+    mine: list[QuestionTrace],
+    theirs: list[QuestionTrace],
     tasks: TaskSet,
     embedder: Embedder,
     limit: int = 2,
@@ -74,15 +74,15 @@ def differential_cases(
     """Paired cases: the questions where the other program beats this one most, then those
     where this one beats the other most (up to ``limit`` each), each with both traces."""
     questions = {q.id: q for q in tasks.questions}
-    other = {t["id"]: t for t in theirs if t.get("id") in questions}
-    pairs = [(t, other[t["id"]]) for t in mine if t.get("id") in other]
-    gaps = sorted(pairs, key=lambda p: (_badness(p[0]) - _badness(p[1]), p[0]["id"]))
+    other = {t.id: t for t in theirs if t.id in questions}
+    pairs = [(t, other[t.id]) for t in mine if t.id in other]
+    gaps = sorted(pairs, key=lambda p: (_badness(p[0]) - _badness(p[1]), p[0].id))
     chosen = [p for p in gaps[:limit] if _badness(p[1]) > _badness(p[0])]
     chosen += [p for p in gaps[::-1][:limit] if _badness(p[0]) > _badness(p[1])]
     out = []
     for a, b in chosen:
-        case = _case(a, questions[a["id"]], tasks, embedder, None)
-        theirs_case = _case(b, questions[b["id"]], tasks, embedder, None)
+        case = _case(a, questions[a.id], tasks, embedder, None)
+        theirs_case = _case(b, questions[b.id], tasks, embedder, None)
         case["other"] = {k: theirs_case[k] for k in ("query", "retrieved", "retrieved_chars",
                                                      "answer", "scores")}  # fmt: skip
         out.append(case)
@@ -96,7 +96,7 @@ def _covers(q: Question, target: str, labels: dict[str, Labels] | None) -> bool:
 
 
 def _case(
-    trace: dict[str, Any],
+    trace: QuestionTrace,
     q: Question,
     tasks: TaskSet,
     embedder: Embedder,
@@ -120,12 +120,12 @@ def _case(
         "reference_answer": q.gold,
         "evidence": evidence,
         "evidence_source": sources,
-        "query": trace.get("query"),
-        "retrieved": trace.get("retrieved") or "",
-        "retrieved_chars": len(trace.get("retrieved") or ""),
-        "answer": trace.get("answer"),
-        "scores": {k: v for k, v in (trace.get("scores") or {}).items() if v is not None},
-        "error": trace.get("error"),
+        "query": trace.query,
+        "retrieved": trace.retrieved_text,
+        "retrieved_chars": len(trace.retrieved_text),
+        "answer": trace.answer,
+        "scores": {k: v for k, v in trace.scores.items() if v is not None},
+        "error": trace.error,
     }
     if all(units):  # units are shown when every evidence has its session's units
         case["units_for_evidence"] = units

@@ -29,10 +29,8 @@ objective gives the excerpt (ties: the per-character run). This is the usual rem
 budgeted coverage (Leskovec et al. 2007, "CELF"): per-character gain alone can fill the budget
 with small spans and miss a long span that alone covers more; absolute gain alone spends the
 budget on long spans. With additive costs the better run is within (1 - 1/e)/2 of the optimum;
-here markers make costs depend slightly on the neighbours. On 141 excerpts of 40 BEAM-100K
-train cases (MiniLM), absolute gain did better on 24 (by at most 0.023 of an objective near
-1.14) and per-character gain on 5 (by up to 0.26); the mean objective is
-1.1429 per character, 1.1420 absolute and 1.1440 for the better of the two.
+here markers make costs depend slightly on the neighbours. How often each run wins on BEAM
+cases is in docs/performance.md ("Compact cases: which greedy run wins").
 Chosen spans are shown in source order, joined by the source's own whitespace when adjacent and
 by an omission line ``...`` otherwise (also before the first and after the last span when text
 is left out there).

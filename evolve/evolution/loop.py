@@ -4,7 +4,9 @@ One round = ask the proposer for a child (:class:`~evolve.evolution.proposer.Pro
 coder when a coder model is configured, else the offline proposer), check it in the sandbox
 (up to ``RunConfig.repairs`` repair attempts fed by the error), evaluate
 it on train and valid with stage reuse, and file it in the run store. Selection never reads
-the test split.
+the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``) that
+:func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so their
+questions carry that bench's native capabilities.
 
 - **Fitness** of a score block (overall, one capability, one question) is the mean of evidence
   similarity and evidence hit rate, the offline retrieval signal.
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve.datasets.beam import load_taskset
+from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.types import TaskSet
 from evolve.distributed import Backend, make_backend
 from evolve.evolution.annotate import Labels, annotate
@@ -58,8 +60,11 @@ from evolve.evolution.stages import common_ancestor, history, partners, refineme
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, sandbox_check
 from evolve.models.llm import LLMClient, ModelConfig, Models
+from evolve.prompts import extraction_windows
+from evolve.scoring.answers import make_scorer
+from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore, fingerprints
-from evolve.worker import WorkerConfig, extraction_windows, make_embedder
+from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport
 
 STAGES = ("cold_start", "refinement", "integration")
@@ -73,6 +78,7 @@ class RunConfig:
     data_dir: str
     seed_program: str
     cache_dir: str
+    bench: str = "beam"  # evolve.datasets.benches: the task sets, splits and native labels
     rounds: dict[str, int] = field(
         default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
     )
@@ -113,8 +119,11 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
 
 
 def task_set(config: RunConfig, split: str) -> TaskSet:
-    """A split as the run sees it: only its first ``config.conversations`` conversations."""
-    tasks = load_taskset(Path(config.data_dir), split)
+    """A run's ``split`` (train, valid or test) of its bench, as the bench's registry names it
+    (:func:`~evolve.datasets.benches.run_split`): only its first ``config.conversations``
+    conversations."""
+    data_dir = Path(config.data_dir)
+    tasks = load_taskset(config.bench, data_dir, run_split(config.bench, data_dir, split))
     if config.conversations is None:
         return tasks
     keep = tasks.conversations[: config.conversations]
@@ -126,12 +135,11 @@ def task_set(config: RunConfig, split: str) -> TaskSet:
 def workload(config: RunConfig) -> Workload:
     """A run's model work, counted from its data (for ``evolve run --dry-run``)."""
     windows = chars = questions = judged = 0
+    scorer = make_scorer(config.bench, None)
     for split in SPLITS:
         tasks = task_set(config, split)
         questions += len(tasks.questions)
-        # BEAM: two variants per rubric item; ordering: up to one call per (line, item) pair
-        judged += sum(len(q.rubric) ** 2 if q.ability == "event_ordering" else 2 * len(q.rubric)
-                      for q in tasks.questions)  # fmt: skip
+        judged += sum(scorer.max_judge_calls(q) for q in tasks.questions)
         for segment in (s for c in tasks.conversations for s in c.sessions):
             for window in extraction_windows(segment):
                 windows += 1
@@ -356,7 +364,8 @@ class Evolution:
     def _units_of(self, source: str) -> UnitsOf:
         """Where a case finds the units the program extracted from a train session: the stage
         store (trusted side), under the program's own extraction keys."""
-        keys = StageKeys(fingerprints(source), self.worker.model_sig, self.config.embedder)
+        fps = fingerprints(source)
+        keys = StageKeys(fps, self.worker.model_sig, self.config.embedder, evaluator_version())
         stages = StageStore(Path(self.config.cache_dir) / "stages")
         convs = {c.id: c for c in self.tasks("train").conversations}
 
@@ -453,7 +462,7 @@ class Evolution:
                     "headline": result.scores.get("headline"),
                     "errors": result.meta["errors"],
                     "questions": question_fitness(result.traces),
-                    "question_capabilities": {t["id"]: t["capability"] for t in result.traces},
+                    "question_capabilities": {t.id: t.capability for t in result.traces},
                     "diagnostics": result.scores.get("diagnostics"),
                     "stages": result.stages,  # computed / reused per cached stage
                 }

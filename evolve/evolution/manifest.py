@@ -1,10 +1,11 @@
 """The run manifest: what a run started from, so that its results can be traced and repeated.
 
-Owns :func:`build_manifest`. The manifest records the benchmark and split file (with sha256),
-the sha256 of every data file the run's train and valid splits read, the seed program's path
-and sha256, the model configurations per role and the embedder, the run config (rounds, caps,
-jobs, rng seed), the versions of Python and of the packages that shape results, and the
-platform.
+Owns :func:`build_manifest` and :func:`data_hashes`. The manifest records the benchmark, the
+split each of train and valid reads (:func:`evolve.datasets.benches.run_split`) and the bench's
+split file (with sha256), the sha256 of every data file the run's train and valid splits read,
+the seed program's path and sha256, the model configurations per role and the embedder, the run
+config (rounds, caps, jobs, rng seed), the versions of Python and of the packages that shape
+results, and the platform.
 
 Invariants: only the train and valid splits are hashed — the run never opens the test split's
 files (``freeze`` does, and records its own digest). The manifest holds no secret: model
@@ -21,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from evolve.datasets.beam import DEFAULT_SPLITS_FILE, data_files, split_refs
+from evolve.datasets.benches import run_split, split_files, splits_file
 from evolve.evolution.loop import SPLITS, RunConfig
 from evolve.program import CONTRACT_VERSION
 
@@ -48,23 +49,26 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def build_manifest(config: RunConfig, bench: str = "beam") -> dict[str, Any]:
+def data_hashes(config: RunConfig, split: str) -> dict[str, str]:
+    """Data file (relative to the data dir) -> sha256, for the files a run's ``split`` reads."""
+    root = Path(config.data_dir)
+    name = run_split(config.bench, root, split)
+    files = split_files(config.bench, root, name, config.conversations)
+    return {str(p.relative_to(root)): sha256_file(p) for p in files}
+
+
+def build_manifest(config: RunConfig) -> dict[str, Any]:
     """The manifest of a new run with ``config`` (reads and hashes its data files)."""
-    data_dir = Path(config.data_dir)
-    data: dict[str, dict[str, str]] = {}
-    for split in SPLITS:
-        refs = split_refs(split)[: config.conversations]
-        data[split] = {
-            str(p.relative_to(data_dir)): sha256_file(p) for p in data_files(data_dir, refs)
-        }
+    root = Path(config.data_dir)
     seed = Path(config.seed_program)
-    splits = {"path": DEFAULT_SPLITS_FILE.name, "sha256": sha256_file(DEFAULT_SPLITS_FILE)}
+    split_file = splits_file(config.bench)
     return {
-        "bench": bench,
+        "bench": config.bench,
         "contract_version": CONTRACT_VERSION,
         "config": config.as_json(),
-        "splits_file": splits,
-        "data": data,
+        "splits": {split: run_split(config.bench, root, split) for split in SPLITS},
+        "splits_file": {"path": split_file.name, "sha256": sha256_file(split_file)},
+        "data": {split: data_hashes(config, split) for split in SPLITS},
         "seed": {"path": str(seed), "sha256": sha256_file(seed)},
         "models": {
             "task": config.task_model,

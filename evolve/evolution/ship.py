@@ -41,17 +41,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from evolve.datasets.beam import data_files, split_refs
 from evolve.distributed import make_backend
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import calls_path
 from evolve.evolution.loop import RunConfig, task_set
-from evolve.evolution.manifest import sha256_file
+from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
 from evolve.executor import EvalError, evaluate, write_run
 from evolve.models.llm import ModelConfig
 from evolve.program import CONTRACT_VERSION
+from evolve.trace import first_error
 from evolve.worker import WorkerConfig
 from sandbox.check import check_program
 
@@ -124,7 +124,8 @@ def freeze(
         stage_label="freeze",
         calls_log=str(calls_path(store.root)),  # test-split LLM calls count in the run's spend
     )
-    tasks = task_set(dataclasses.replace(config, data_dir=str(root)), TEST_SPLIT)
+    config = dataclasses.replace(config, data_dir=str(root))
+    tasks = task_set(config, TEST_SPLIT)
     with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
         try:
             report = evaluate(
@@ -138,7 +139,7 @@ def freeze(
             raise ShipError(str(exc)) from None
     write_run(report, store.root / f"freeze-{meta.id}")  # traces, kept even when refused
     if report.meta["errors"]:
-        first = next(t["error"] for t in report.traces if t.get("error"))
+        first = first_error(report.traces)
         raise ShipError(
             f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
             f"(first: {first[:200]}); no test score was recorded — stages computed so far are "
@@ -150,7 +151,6 @@ def freeze(
         "errors": report.meta["errors"],
     }
     meta = store.update(meta.id, frozen=True, scores={**meta.scores, TEST_SPLIT: block})
-    refs = split_refs(TEST_SPLIT)[: config.conversations]  # the files behind ``tasks``
     store.log_event(
         "frozen",
         candidate=meta.id,
@@ -158,7 +158,7 @@ def freeze(
         conversations=len(tasks.conversations),
         questions=len(tasks.questions),
         embedder=worker.embedder,
-        data={str(p.relative_to(root)): sha256_file(p) for p in data_files(root, refs)},
+        data=data_hashes(config, TEST_SPLIT),
         others=others,
     )
     return Frozen(meta, True, others)

@@ -22,7 +22,15 @@ Invariants:
   is derivable from ``candidates/*.json`` (:meth:`RunStore.reindex`); :meth:`RunStore.open`
   rebuilds it whenever it differs from the files (missing file, a crash between a ``.json`` and
   its row, a row behind an update). Events live only in SQLite: losing ``index.sqlite`` loses
-  the event log, never a candidate or the state.
+  the event log, never a candidate or the state. An index SQLite calls corrupt is moved aside
+  (``index.sqlite.corrupt-<time>``) and rebuilt from the files, said once.
+- Damaged files never take a run down (design §4's hostile-input rule). A candidate is read
+  only if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded
+  sha256; otherwise :meth:`RunStore.candidates` skips it, reporting the file in one line
+  (:func:`evolve.models.damaged`), and :meth:`RunStore.get` / :meth:`RunStore.source` raise
+  :class:`DamagedFile` naming it. Adding the source of a candidate whose ``.py`` was lost
+  restores the file. A damaged ``state.json`` is reported and its round counters are rebuilt
+  from the candidates; a damaged manifest keeps the run from opening, with the file named.
 - Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
   by exclusively creating its claim file, so two writers cannot take the same number; a crash
   after the claim leaves a gap in the numbering, never a reused number.
@@ -42,18 +50,24 @@ import re
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from evolve.datasets.types import CAPABILITIES
+from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
+from evolve.evolution.scrub import scrub_secrets
+from evolve.models import damaged, is_corrupt, set_aside, why
+from evolve.trace import QuestionTrace, read_trace
+
+T = TypeVar("T")
 
 STAGES = ("seed", "cold_start", "refinement", "integration")
 STATUSES = ("proposed", "rejected", "evaluated", "failed")
-REDACTED = "[redacted]"
 BUSY_TIMEOUT_S = 60.0
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -82,6 +96,10 @@ class RunNotFound(Exception):
 
 class CandidateNotFound(LookupError):
     """No candidate matches an id or prefix, or a prefix matches several."""
+
+
+class DamagedFile(ValueError):
+    """A run file is there but cannot be read as what it should hold; the message names it."""
 
 
 class CandidateMeta(BaseModel):
@@ -124,66 +142,6 @@ _UPSERT = (
     f"INSERT OR REPLACE INTO candidates ({', '.join(_COLUMNS)}, meta) "
     f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))})"
 )
-
-
-# --- secrets ------------------------------------------------------------------------------
-
-_SECRET_WORDS = frozenset(
-    ("secret", "secrets", "password", "passwd", "credential", "credentials", "authorization")
-)
-_SECRET_LAST_WORDS = frozenset({"key", "token", "auth"})  # "hf_token", but not "max_tokens"
-_SECRET_VALUE = re.compile(
-    r"(?<![A-Za-z0-9])(?:"
-    r"(?:sk|rk|gsk|hf|ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abeprs])[-_][A-Za-z0-9_\-]{20,}"
-    r"|AIza[A-Za-z0-9_\-]{30,}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"
-    r"|[Bb]earer\s+[A-Za-z0-9._~+/\-]{16,}=*"
-    r")"
-)
-
-
-def _is_secret_name(name: str) -> bool:
-    words = [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
-    pairs = zip(words, words[1:], strict=False)
-    return (
-        any(w in _SECRET_WORDS for w in words)
-        or bool(words and words[-1] in _SECRET_LAST_WORDS)
-        or ("api", "key") in pairs
-        or "apikey" in words
-    )
-
-
-def _redact_key(match: re.Match[str]) -> str:
-    text, body = match[0], match[0][4:]  # past the prefix: random keys have digits or mixed case
-    if text[:6].lower() == "bearer" or any(c.isdigit() for c in body):
-        return REDACTED
-    return REDACTED if body.lower() != body and body.upper() != body else text
-
-
-def scrub_secrets(obj: Any) -> Any:
-    """A copy of ``obj`` (dicts, lists, tuples, scalars) that is safe to write to disk.
-
-    Drops every dict key whose name looks secret (``api_key``, ``OPENAI_API_KEY``, ``hf_token``,
-    ``secret``, ``password``, ``authorization``, ``credentials``, ...; ``max_tokens``,
-    ``prompt_tokens`` and the like stay) and, in strings, replaces with ``"[redacted]"``
-    whatever looks like a key: ``sk-``/``sk_``/``hf_``/``ghp_``/``xoxb-``/... followed by 20+
-    random-looking characters, AWS ``AKIA...`` ids, ``Bearer ...`` tokens, and the value (8+
-    characters) of any secret-named environment variable.
-    """
-    env = [v for k, v in os.environ.items() if _is_secret_name(k) and len(v) >= 8]
-    return _scrub(obj, sorted(env, key=len, reverse=True))
-
-
-def _scrub(obj: Any, env: list[str]) -> Any:
-    if isinstance(obj, dict):
-        return {k: _scrub(v, env) for k, v in obj.items() if not _is_secret_name(str(k))}
-    if isinstance(obj, list | tuple):
-        return [_scrub(v, env) for v in obj]
-    if isinstance(obj, str):
-        for value in env:
-            obj = obj.replace(value, REDACTED)
-        return _SECRET_VALUE.sub(_redact_key, obj)
-    return obj
 
 
 # --- files --------------------------------------------------------------------------------
@@ -260,11 +218,17 @@ class RunStore:
         if not _RUN_ID.fullmatch(run_id) or not root.is_dir():
             raise RunNotFound(f"run {run_id!r} not found in {runs_dir}")
         store = cls(root)
+        path = root / "manifest.json"
+        if not path.exists() and (root / "report.json").exists():
+            raise RunNotFound(f"{run_id} in {runs_dir} is an evaluation folder (evolve eval), "
+                              "not an evolution run")  # fmt: skip
         try:
             if not isinstance(store.manifest, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError):
-            raise RunNotFound(f"run {run_id!r} in {runs_dir} has no valid manifest") from None
+                raise ValueError("not a JSON object")
+        except FileNotFoundError:
+            raise RunNotFound(f"run {run_id!r} in {runs_dir} has no manifest.json") from None
+        except (OSError, ValueError) as exc:
+            raise RunNotFound(f"run {run_id!r}: manifest {path} is damaged ({why(exc)})") from None
         if not store._in_sync():
             store.reindex()
         return store
@@ -272,7 +236,8 @@ class RunStore:
     @staticmethod
     def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
         """Every run under ``runs_dir``, newest first: ``id``, ``created``, ``candidates`` (count)
-        and ``best`` (the state's ``"best"``). Folders without a valid manifest are skipped."""
+        and ``best`` (the state's ``"best"``). Folders without a manifest (an ``evolve eval``
+        folder, say) are skipped; a run whose manifest is damaged is skipped and reported."""
         runs: list[dict[str, Any]] = []
         for root in sorted(Path(runs_dir).iterdir()) if Path(runs_dir).is_dir() else []:
             store = RunStore(root)
@@ -280,8 +245,11 @@ class RunStore:
                 created = store.manifest.get("created")
                 count = len(store._meta_paths())
                 best = store.load_state().get("best")
-            except (OSError, ValueError, AttributeError):
-                continue  # no manifest (an `evolve eval` folder, say), or not a JSON object
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, AttributeError) as exc:
+                damaged(f"run folder {root} is damaged ({why(exc)}): not listed")
+                continue
             runs.append({"id": root.name, "created": created, "candidates": count, "best": best})
         return sorted(runs, key=lambda r: float(r["created"] or 0), reverse=True)
 
@@ -302,8 +270,15 @@ class RunStore:
         data = source.encode("utf-8")
         sha = hashlib.sha256(data).hexdigest()
         for path in self._candidates.glob(f"c*-{sha[:8]}.json"):
-            existing = CandidateMeta.model_validate_json(path.read_bytes())
+            try:
+                existing = self._read_meta(path)
+            except DamagedFile:
+                continue  # its record is lost: this source becomes a new candidate
             if existing.source_sha256 == sha:
+                problem = self._source_problem(existing)
+                if problem:
+                    _write_atomic(path.with_suffix(".py"), data)
+                    damaged(f"{problem}: restored from the identical source")
                 return existing
         fields = dict(stage=stage, capability=capability, message=message, source_sha256=sha)
         draft = CandidateMeta.model_validate(  # validated before a number is taken
@@ -329,49 +304,72 @@ class RunStore:
         return meta
 
     def get(self, candidate_id: str) -> CandidateMeta:
-        """A candidate by id or unique prefix (``"c0007"``); CandidateNotFound otherwise."""
-        return CandidateMeta.model_validate_json(self._meta_path(candidate_id).read_bytes())
+        """A candidate by id or unique prefix (``"c0007"``); CandidateNotFound otherwise,
+        DamagedFile if its ``.json`` does not load."""
+        return self._read_meta(self._meta_path(candidate_id))
 
     def source(self, candidate_id: str) -> str:
-        """The candidate's source, byte for byte as added."""
-        return self._meta_path(candidate_id).with_suffix(".py").read_bytes().decode()
+        """The candidate's source, byte for byte as added; DamagedFile if the ``.py`` is
+        missing or not the recorded source."""
+        meta = self.get(candidate_id)
+        problem = self._source_problem(meta)
+        if problem:
+            raise DamagedFile(problem)
+        return (self._candidates / f"{meta.id}.py").read_bytes().decode()
 
-    def write_traces(self, candidate_id: str, split: str, traces: list[dict[str, Any]]) -> None:
+    def write_traces(self, candidate_id: str, split: str, traces: list[QuestionTrace]) -> None:
         """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
-        lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
+        lines = "".join(t.to_json() + "\n" for t in traces)
         path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
         _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
 
-    def traces(self, candidate_id: str, split: str) -> list[dict[str, Any]]:
+    def traces(self, candidate_id: str, split: str) -> list[QuestionTrace]:
         """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
         path = self._meta_path(candidate_id).with_suffix(f".{split}.jsonl.gz")
         try:
             text = gzip.decompress(path.read_bytes()).decode("utf-8")
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines()]
+        return [read_trace(line) for line in text.splitlines()]
 
     def candidates(self) -> list[CandidateMeta]:
-        """Every candidate, in creation order."""
-        return [CandidateMeta.model_validate_json(p.read_bytes()) for p in self._meta_paths()]
+        """Every readable candidate, in creation order; a damaged one is skipped and reported."""
+        kept, problems = self._scan()
+        for problem in problems:
+            damaged(f"{problem}: candidate skipped")
+        return kept
+
+    def damage(self) -> list[str]:
+        """One line per damaged file of the run (candidates and state); [] when it is sound."""
+        problems = self._scan()[1]
+        state = self._read_state()[1]
+        return problems + ([f"run state {self.root / 'state.json'} is damaged ({state})"]
+                           if state else [])  # fmt: skip
 
     def reindex(self) -> None:
-        """Rebuild the SQLite ``candidates`` table from ``candidates/*.json`` (events are kept)."""
-        texts = [p.read_bytes().decode() for p in self._meta_paths()]
-        rows = [_row(CandidateMeta.model_validate_json(t), t) for t in texts]
-        with self._db() as conn:
+        """Rebuild the SQLite ``candidates`` table from ``candidates/*.json`` (events are kept);
+        damaged files get no row."""
+        rows = []
+        for path in self._meta_paths():
+            try:
+                data = path.read_bytes()
+                rows.append(_row(self._parse(path, data), data.decode()))
+            except (OSError, DamagedFile):
+                continue  # reported by candidates()
+
+        def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM candidates")
             conn.executemany(_UPSERT, rows)
+
+        self._transact(write)
 
     # --- events and state ---
 
     def log_event(self, kind: str, **data: Any) -> None:
         """Append an event (``data`` must be JSON; it is scrubbed of secrets)."""
-        text = json.dumps(scrub_secrets(data), ensure_ascii=False)
-        with self._db() as conn:
-            conn.execute(
-                "INSERT INTO events (ts, kind, data) VALUES (?, ?, ?)", (time.time(), kind, text)
-            )
+        row = (time.time(), kind, json.dumps(scrub_secrets(data), ensure_ascii=False))
+        self._transact(lambda c: c.execute("INSERT INTO events (ts, kind, data) VALUES (?, ?, ?)",
+                                           row))  # fmt: skip
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Events in logging order, each ``{"id", "ts", "kind", "data"}``; optionally one kind."""
@@ -379,23 +377,44 @@ class RunStore:
         args: tuple[str, ...] = ()
         if kind is not None:
             sql, args = sql + " WHERE kind = ?", (kind,)
-        with self._db() as conn:
-            rows = conn.execute(sql + " ORDER BY id", args).fetchall()
+        rows = self._transact(lambda c: c.execute(sql + " ORDER BY id", args).fetchall())
         return [{"id": i, "ts": ts, "kind": k, "data": json.loads(d)} for i, ts, k, d in rows]
 
     def load_state(self) -> dict[str, Any]:
-        """The loop's saved cursor, ``{}`` before the first :meth:`save_state`."""
-        try:
-            state: dict[str, Any] = json.loads((self.root / "state.json").read_bytes())
-        except FileNotFoundError:
-            return {}
-        return state
+        """The loop's saved cursor, ``{}`` before the first :meth:`save_state`. A damaged one is
+        reported and rebuilt: rounds counted from the judged candidates of each stage (a round
+        that filed no candidate is run again), no round costs, best unknown."""
+        state, problem = self._read_state()
+        if problem is None:
+            return state
+        damaged(f"run state {self.root / 'state.json'} is damaged ({problem}): round counters "
+                "rebuilt from the candidates")  # fmt: skip
+        judged = Counter(c.stage for c in self.candidates() if c.status != "proposed")
+        judged.pop("seed", None)
+        return {"rounds": dict(judged), "best": None, "round_costs": []}
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Replace ``state.json`` atomically; TypeError if ``state`` is not JSON."""
         _write_atomic(self.root / "state.json", _dump(state))
 
     # --- internals ---
+
+    def _transact(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work`` in one transaction on the index. An index SQLite calls corrupt is set aside,
+        said once, rebuilt from the candidate files, and ``work`` runs on the new one."""
+        try:
+            with self._db() as conn:
+                return work(conn)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            moved = set_aside(self._index)
+            where = f"moved to {moved.name}" if moved else "replaced"
+            damaged(f"run index {self._index} is unreadable ({exc}): {where} and rebuilt from the "
+                    "candidate files (its event log is lost)")  # fmt: skip
+        self.reindex()
+        with self._db() as conn:
+            return work(conn)
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -458,11 +477,66 @@ class RunStore:
     def _write_meta(self, meta: CandidateMeta) -> None:
         text = meta.model_dump_json(indent=2)
         _write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
-        with self._db() as conn:
-            conn.execute(_UPSERT, _row(meta, text))
+        self._transact(lambda conn: conn.execute(_UPSERT, _row(meta, text)))
 
     def _in_sync(self) -> bool:
-        files = {p.name[:-5]: p.read_bytes().decode() for p in self._meta_paths()}
-        with self._db() as conn:
-            rows = dict(conn.execute("SELECT id, meta FROM candidates").fetchall())
-        return files == rows
+        files = {p.name[:-5]: p.read_bytes() for p in self._meta_paths()}
+        rows = self._transact(lambda c: c.execute("SELECT id, meta FROM candidates").fetchall())
+        return files == {i: m.encode() for i, m in rows}
+
+    def _parse(self, path: Path, data: bytes) -> CandidateMeta:
+        try:
+            meta = CandidateMeta.model_validate_json(data)
+        except ValueError as exc:  # pydantic's ValidationError included
+            raise DamagedFile(f"candidate file {path} is damaged ({why(exc)})") from None
+        expected = f"c{meta.number:04d}-{meta.source_sha256[:8]}"
+        if not path.stem == meta.id == expected:
+            raise DamagedFile(f"candidate file {path} is damaged (it describes {meta.id!r})")
+        return meta
+
+    def _read_meta(self, path: Path) -> CandidateMeta:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise DamagedFile(f"candidate file {path} is unreadable ({why(exc)})") from None
+        return self._parse(path, data)
+
+    def _source_problem(self, meta: CandidateMeta) -> str | None:
+        """Why the candidate's ``.py`` cannot be used, or None when it is its recorded source."""
+        path = self._candidates / f"{meta.id}.py"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return f"candidate source {path} is missing"
+        except OSError as exc:
+            return f"candidate source {path} is unreadable ({why(exc)})"
+        if hashlib.sha256(data).hexdigest() != meta.source_sha256:
+            return f"candidate source {path} is damaged (not the source its sha256 records)"
+        return None
+
+    def _scan(self) -> tuple[list[CandidateMeta], list[str]]:
+        """The readable candidates and one line per damaged one."""
+        kept: list[CandidateMeta] = []
+        problems: list[str] = []
+        for path in self._meta_paths():
+            try:
+                meta = self._read_meta(path)
+            except DamagedFile as exc:
+                problems.append(str(exc))
+                continue
+            problem = self._source_problem(meta)
+            if problem:
+                problems.append(problem)
+            else:
+                kept.append(meta)
+        return kept, problems
+
+    def _read_state(self) -> tuple[dict[str, Any], str | None]:
+        """``state.json`` (``{}`` when absent) and None, or ``{}`` and why it does not load."""
+        try:
+            state = json.loads((self.root / "state.json").read_bytes())
+        except FileNotFoundError:
+            return {}, None
+        except (OSError, ValueError) as exc:
+            return {}, why(exc)
+        return (state, None) if isinstance(state, dict) else ({}, "not a JSON object")

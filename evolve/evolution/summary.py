@@ -6,10 +6,13 @@ specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own 
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
 always :func:`~evolve.evolution.archive.fitness`
 (the loop's selection signal) and ``None`` where a candidate has no score on that split.
+Damaged candidates are left out as the store leaves them out (an ancestor that does not load
+ends its branch). :func:`evaluation` describes an ``evolve eval`` folder.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +22,8 @@ from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive, fitness
 from evolve.evolution.budget import read_spend
 from evolve.evolution.loop import STAGES
-from evolve.evolution.store import STATUSES, CandidateMeta, RunNotFound, RunStore
+from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
+from evolve.models import damaged, why
 
 
 def local_time(ts: float | None) -> str | None:
@@ -49,16 +53,24 @@ def split_fitness(
 
 def ancestry(store: RunStore, candidate_id: str) -> list[CandidateMeta]:
     """The candidate and all its ancestors, each once, breadth first (parents in stored order),
-    ending with the seed. A crossover has two parents, so this walks a DAG, not a chain."""
+    ending with the seed. A crossover has two parents, so this walks a DAG, not a chain. An
+    ancestor whose file is damaged is reported and left out."""
     order: list[CandidateMeta] = []
     seen: set[str] = set()
-    todo = [store.get(candidate_id)]
+    todo = [candidate_id]
     while todo:
-        meta = todo.pop(0)
+        ref = todo.pop(0)
+        try:
+            meta = store.get(ref)
+        except DamagedFile as exc:
+            if ref == candidate_id:
+                raise
+            damaged(f"{exc}: ancestor skipped")
+            continue
         if meta.id not in seen:
             seen.add(meta.id)
             order.append(meta)
-            todo += [store.get(p) for p in meta.parents if p not in seen]
+            todo += [p for p in meta.parents if p not in seen]
     return order
 
 
@@ -134,3 +146,32 @@ def candidate(meta: CandidateMeta) -> dict[str, Any]:
         "frozen": meta.frozen,
         "message": meta.message,
     }
+
+
+def evaluation(folder: Path) -> dict[str, Any] | None:
+    """What an ``evolve eval`` folder (``report.json`` and ``questions.jsonl``, no manifest)
+    holds: its meta and overall scores; None for any other folder. DamagedFile if the report
+    does not load."""
+    path = folder / "report.json"
+    if (folder / "manifest.json").exists() or not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_bytes())
+        meta, overall = report["meta"], report["scores"]["overall"]
+        keys = ("program", "bench", "split", "mode", "questions", "conversations", "errors")
+        return {"evaluation": folder.name, **{k: meta[k] for k in keys},
+                "fitness": fitness(overall) if overall else None, "overall": overall,
+                "report": str(path)}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DamagedFile(f"evaluation report {path} is damaged ({why(exc)})") from None
+
+
+def describe_evaluation(e: dict[str, Any]) -> str:
+    """One paragraph on an evaluation folder, for ``evolve status``."""
+    score = "—" if e["fitness"] is None else f"{e['fitness']:.3f}"
+    return (
+        f"{e['evaluation']} is an evaluation folder (evolve eval), not an evolution run: "
+        f"program {e['program']} on {e['bench']} {e['split']} ({e['mode']}), "
+        f"{e['questions']} questions in {e['conversations']} conversations, {e['errors']} "
+        f"failed; fitness {score}. Report: {e['report']}"
+    )

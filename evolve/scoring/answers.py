@@ -57,6 +57,11 @@ class AnswerScorer(Protocol):
         """Score one answer (judge calls, if any, go through the scorer's client)."""
         ...
 
+    def max_judge_calls(self, question: Question) -> int:
+        """At most how many judge calls :meth:`score` makes for ``question`` (the estimate of
+        ``evolve run --dry-run``; repairs of malformed replies not counted)."""
+        ...
+
     def summarize(self, rows: list[tuple[Question, dict[str, Any]]]) -> dict[str, Any]:
         """The benchmark's headline numbers from per-question scores (e.g. BEAM's mean of the
         ten abilities, LongMemEval's task-averaged and abstention accuracy)."""

@@ -121,6 +121,11 @@ class Scorer:
         scores["beam_described"] = sum(described) / len(described)
         return Judged(scores, {"rubric": detail})
 
+    def max_judge_calls(self, question: Question) -> int:
+        # two variants per rubric item; ordering: up to one call per (line, item) pair
+        n = len(question.rubric)
+        return n**2 if question.ability == ORDERING else 2 * n
+
     def _ordering(self, question: Question, answer: str) -> Judged:
         assert self.judge is not None
         judge = self.judge

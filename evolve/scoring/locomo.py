@@ -210,6 +210,9 @@ class Scorer:
                 detail["label"] = label
         return Judged(scores, detail)
 
+    def max_judge_calls(self, question: Question) -> int:
+        return int(category_of(question) in MEM0_CATEGORIES)
+
     def summarize(self, rows: list[tuple[Question, dict[str, Any]]]) -> dict[str, Any]:
         """Means over questions per category and overall: ``official`` (``f1_official``, the
         stemmed multiset F1, categories 1–5, plus ``overall_1_4``) and ``mem0`` (J, set F1

@@ -143,6 +143,9 @@ class Scorer:
         label = "yes" in reply.text.lower()
         return Judged({METRIC: 1.0 if label else 0.0}, {"prompt": name, "reply": reply.text})
 
+    def max_judge_calls(self, question: Question) -> int:
+        return 1
+
     def summarize(self, rows: list[tuple[Question, dict[str, Any]]]) -> dict[str, Any]:
         """Per-type, overall, task-averaged and abstention accuracy over the judged rows (a
         ``None`` score is left out); every accuracy is None when nothing was judged."""

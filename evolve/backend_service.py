@@ -1,0 +1,64 @@
+"""What the optimizer answers a program host's ``backend`` frames with: embeddings and LLM calls.
+
+A candidate program reaches models only through its backend; inside the confined
+:class:`~sandbox.isolate.Host` that backend forwards each call over the pipe, and
+:class:`BackendService`, on the trusted side, answers it.
+
+Invariants:
+- ``embed`` takes a list of strings only, at most :data:`MAX_EMBED_TEXTS` per call.
+- ``complete`` goes to the task LLM, counted under role ``task`` and stage ``<label>/memory``,
+  at most ``max_calls`` per host request (the host enforces the same budget; this side does not
+  trust it to); with no task LLM (offline mode) it is refused with a
+  :class:`~evolve.program.BackendError`.
+- Any other method is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evolve.models.embed import Embedder
+from evolve.models.llm import LLMClient
+from evolve.program import BackendError
+from sandbox.wire import pack_array
+
+MAX_EMBED_TEXTS = 200_000
+
+
+class BackendService:
+    """Answers one host's ``backend`` frames (a callable for :class:`~sandbox.isolate.Host`);
+    ``calls`` counts the completions of the current host request (the session resets it)."""
+
+    def __init__(self, embedder: Embedder, llm: LLMClient | None, stage: str, max_calls: int):
+        self.embedder = embedder
+        self.llm = llm
+        self.stage = stage
+        self.max_calls = max_calls
+        self.calls = 0
+
+    def __call__(
+        self, header: dict[str, Any], _blobs: list[bytes]
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        method = header.get("method")
+        if method == "embed":
+            texts = header.get("texts")
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise TypeError("backend.embed takes a list of strings")
+            if len(texts) > MAX_EMBED_TEXTS:
+                raise ValueError(f"backend.embed: at most {MAX_EMBED_TEXTS} texts per call")
+            meta, blob = pack_array(self.embedder.embed(texts))
+            return {"array": meta}, [blob]
+        if method == "complete":
+            if self.llm is None:
+                raise BackendError("backend.complete: no task LLM is configured (offline mode)")
+            if self.calls >= self.max_calls:
+                raise BackendError(f"backend.complete: budget of {self.max_calls} calls spent")
+            self.calls += 1
+            reply = self.llm.complete(
+                "task",
+                f"{self.stage}/memory",
+                str(header.get("prompt")),
+                max_tokens=min(int(header.get("max_tokens", 256)), 4096),
+            )
+            return {"text": reply.text}, []
+        raise ValueError(f"unknown backend method {method!r}")

@@ -1,0 +1,1 @@
+"""Split files, shipped as data (``evolve.splits``): read through :mod:`evolve.resources`."""

@@ -1,0 +1,124 @@
+"""The complexity probe's growth verdict (tier 4, :mod:`sandbox.tiers`) on a busy machine.
+
+A correct (linear) program must never be rejected because the machine was loaded, and a
+quadratic one must still be. Two checks: the verdict logic against scripted timings in which a
+run is slowed by :data:`sandbox.tiers.LOAD_TOLERANCE` at the worst moment for the verdict, and
+the whole check of real linear and quadratic programs while busy-loop processes compete for
+the CPUs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sandbox import tiers
+from sandbox.check import check_program
+
+Cost = Callable[[int], float]
+
+
+def scripted_runs(cost: Cost, slowed: Callable[[int], bool]) -> Callable[..., dict[str, float]]:
+    """A stand-in for ``tiers._probe_run``: ``cost(units)`` CPU seconds, times the load factor
+    on the runs ``slowed(units)`` picks."""
+
+    def run(program: object, n_units: int, n_batches: int) -> dict[str, float]:
+        factor = tiers.LOAD_TOLERANCE if slowed(n_units) else 1.0
+        return {"cpu_s": cost(n_units) * factor, "embed_calls": n_batches + 2, "texts": n_units}
+
+    return run
+
+
+FULL = tiers.PROBE_UNITS
+
+
+def linear(n: int) -> float:  # 3 s at full size: well over the floor, under the budget
+    return 3.0 * n / FULL
+
+
+def quadratic(n: int) -> float:  # 4 s at full size
+    return 4.0 * (n / FULL) ** 2
+
+
+def test_linear_program_passes_when_its_full_runs_are_slowed(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(tiers, "_probe_run", scripted_runs(linear, lambda n: n == FULL))
+    result = tiers.probe_tier(None, {})  # type: ignore[arg-type]
+    assert result["cpu_growth"] <= tiers.GROWTH_LIMIT
+    assert result["full"]["cpu_s"] > tiers.GROWTH_FLOOR_S  # the verdict was not skipped
+
+
+def test_quadratic_program_is_rejected_when_its_small_runs_are_slowed(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr(tiers, "_probe_run", scripted_runs(quadratic, lambda n: n < FULL))
+    with pytest.raises(tiers.TierError, match="super-linear work"):
+        tiers.probe_tier(None, {})  # type: ignore[arg-type]
+
+
+# Two programs doing the same work per comparison and about the same work at full size: LINEAR
+# compares each unit with 500 fixed anchors, QUADRATIC with every other unit indexed before it.
+PROGRAM = """
+from dataclasses import dataclass
+
+EXTRACTION_INSTRUCTION = "Extract facts."
+PLANNING_INSTRUCTION = "Plan a query."
+ANSWER_INSTRUCTION = "Answer."
+
+
+@dataclass
+class MemoryUnit:
+    content: str
+
+
+@dataclass
+class Query:
+    text: str
+
+
+class Memory:
+    def __init__(self, backend):
+        self.backend = backend
+        self.units = []
+        self.seen = []
+        self.anchors = [{f"w{j}" for j in range(i, i + 12)} for i in range(500)]
+
+    def index(self, units, segment):
+        for u in units:
+            words = set(u.content.split())
+            hits = 0
+            for other in @OTHERS@:
+                hits += len(words & other) + len(words ^ other)
+            self.seen.append(words)
+            self.units.append(u.content)
+
+    def retrieve(self, query):
+        return "\\n".join(self.units)[:16000]
+"""
+LINEAR = PROGRAM.replace("@OTHERS@", "self.anchors")
+QUADRATIC = PROGRAM.replace("@OTHERS@", "self.seen[::2]")
+
+
+@pytest.fixture
+def busy_machine() -> Iterator[None]:
+    """Two busy-loop processes competing for the CPUs while the test runs."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        yield
+    finally:
+        for proc in loops:
+            proc.kill()
+            proc.wait()
+
+
+def test_growth_verdicts_hold_on_a_busy_machine(busy_machine: None):
+    report = check_program(LINEAR, "linear.py")
+    probe = report.tiers[-1]
+    assert report.passed, report.repair_text()
+    assert probe.details["full"]["cpu_s"] > tiers.GROWTH_FLOOR_S  # the verdict was made
+    report = check_program(QUADRATIC, "quadratic.py")
+    assert not report.passed and report.failure is not None
+    assert (report.failure.tier, report.failure.rule) == (4, "probe"), report.repair_text()
+    assert "super-linear work" in report.repair_text()
