@@ -64,6 +64,7 @@ from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore, fingerprints
+from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport
 
@@ -344,7 +345,7 @@ class Evolution:
     def _failing_cases(
         self,
         parent: CandidateMeta,
-        traces: list[dict[str, Any]],
+        traces: list[QuestionTrace],
         target: str | None,
         labels: dict[str, Labels],
         round_no: int,
