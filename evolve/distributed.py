@@ -10,7 +10,8 @@ Invariants:
   embedding model loads once per worker; torch gets an equal share of the cores in each worker.
 - ``ray`` submits each job as one Ray task (``num_cpus=1``) and wraps its ObjectRef as a future.
   It connects to ``address`` (``auto``, ``ray://host:10001``, ...) or, without one, starts a
-  local Ray instance on loopback; it never shuts down a cluster it did not start. Workers must
+  private local Ray instance on loopback (even when ``RAY_ADDRESS`` or a ``ray start`` on this
+  machine names another); it never shuts down a cluster it did not start. Workers must
   import this package (install it on every node) and share the cache directory (a path every
   node can read and write, e.g. NFS): stage outputs, embeddings and LLM responses meet there,
   which is what makes a Ray evaluation equal to a local one.
@@ -102,8 +103,8 @@ class RayExecutor:
             options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address:
                 ray.init(address=address, **options)
-            else:  # a private local instance, reachable on loopback only
-                ray.init(_node_ip_address="127.0.0.1", **options)
+            else:  # a private local instance on loopback, never one found via RAY_ADDRESS
+                ray.init(address="local", _node_ip_address="127.0.0.1", **options)
         self._task = ray.remote(num_cpus=1, max_retries=0)(_call)
 
     def submit(self, fn: Any, /, *args: Any) -> Future[Any]:

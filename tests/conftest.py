@@ -1,13 +1,45 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and helpers, and the switches that turn a skip into a failure.
+
+A test that needs something the machine may lack (Chromium, a model server, Ray, root) skips
+and says why, unless its switch is set to ``require`` (``.ci/run`` sets them all):
+``PRISMEM_CHROMIUM``, ``PRISMEM_REAL_LLM``, ``PRISMEM_RAY``, ``PRISMEM_ROOT_TESTS``.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 import evolve.models.testing  # noqa: F401  (registers the test doubles in evolve.models.DOUBLES)
+from evolve.evolution.archive import improves
+from evolve.evolution.store import CandidateMeta
+
+Unavailable = Callable[[str, str], NoReturn]  # (switch, why)
+
+
+def skip_or_fail(switch: str, why: str) -> NoReturn:
+    """Skip with ``why``; fail instead when the environment variable ``switch`` is ``require``."""
+    if os.environ.get(switch) == "require":
+        pytest.fail(f"{why} ({switch}=require)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def unavailable() -> Unavailable:
+    """:func:`skip_or_fail`, for tests that find out at run time what they lack."""
+    return skip_or_fail
+
+
+@pytest.fixture(scope="session")
+def offline_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache dir for the offline runs (no LLM: only stage outputs and embeddings are
+    cached) of tests that compare outcomes rather than count computed stages; shared across
+    modules, so the stages they have in common (the seed's, to begin with) run once."""
+    return tmp_path_factory.mktemp("offline-cache")
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +50,16 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"benchmark data not found at {path} (set EVOLVE_DATA)")
     return path
+
+
+def paired_beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:
+    """Whether ``new`` beats ``old`` by the archive's paired test on valid, on one capability's
+    questions (None: all of them): what a specialist or best-overall claim must rest on."""
+
+    def questions(c: CandidateMeta) -> dict[str, float]:
+        caps = c.scores["valid"]["question_capabilities"]
+        per = c.scores["valid"]["questions"]
+        return {q: v for q, v in per.items() if capability in (None, caps[q])}
+
+    seed = f"{new.source_sha256}|{old.source_sha256}|{capability}"
+    return improves(questions(new), questions(old), seed)

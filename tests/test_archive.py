@@ -29,14 +29,54 @@ def candidate(number: int, per_question: dict[str, float]) -> CandidateMeta:
 BASE = {q: 0.5 for q in CAPS}
 
 
+def shifted(diffs: list[float], base: dict[str, float] = BASE) -> dict[str, float]:
+    """``base`` plus one difference per question, in question order."""
+    assert len(diffs) == len(base)
+    return {q: v + d for (q, v), d in zip(base.items(), diffs, strict=True)}
+
+
+# Two-valued differences: the bootstrap mean is above zero exactly when fewer than 8 of its
+# 24 draws are negative, so its confidence is a binomial tail (no number copied from a run).
+SURE = [0.1] * 20 + [-0.2] * 4  # P(Bin(24, 4/24) < 8) = 0.96: accepted
+UNSURE = [0.1] * 18 + [-0.2] * 6  # P(Bin(24, 6/24) < 8) = 0.75: a higher mean, refused
+BORDER = [0.1] * 19 + [-0.2] * 5  # P(Bin(24, 5/24) < 8) = 0.89: the seed decides
+# One question carries the whole gain: the mean rises, but only the resamples that draw it
+# (1 - (23/24)^24 = 64 %) come out above zero.
+OUTLIER = [-0.02] * 23 + [0.6]
+
+
 def test_paired_bootstrap_accepts_consistent_gains_only():
-    assert improves({q: v + 0.05 for q, v in BASE.items()}, BASE)
-    noisy = {q: v + (0.2 if i % 2 else -0.19) for i, (q, v) in enumerate(BASE.items())}
     assert fitness({"evidence_similarity": 0.5, "evidence_hit_rate": 0.5}) == 0.5
-    assert sum(noisy.values()) > sum(BASE.values())  # a higher mean ...
-    assert not improves(noisy, BASE)  # ... that is noise
+    assert improves({q: v + 0.05 for q, v in BASE.items()}, BASE)
+    assert improves(shifted(SURE), BASE)
+    for diffs in (UNSURE, OUTLIER):
+        assert sum(diffs) > 0  # a higher mean ...
+        assert not improves(shifted(diffs), BASE)  # ... that is noise
     assert not improves(BASE, BASE) and not improves({"x": 1.0}, BASE)
-    assert improves(noisy, BASE, "s") == improves(noisy, BASE, "s")  # seeded
+
+
+def test_paired_bootstrap_pairs_questions_and_ignores_unshared_ones():
+    """A consistent gain on every shared question is accepted even when the challenger's
+    mean is lower: the holder's extra (easy) questions and the spread between questions are
+    not differences between the two programs."""
+    spread = {q: 0.05 + 0.9 * i / 23 for i, q in enumerate(BASE)}
+    better = {q: v + 0.01 for q, v in spread.items()}
+    holder = {**spread, **{f"extra{i}": 1.0 for i in range(24)}}
+    assert sum(better.values()) / len(better) < sum(holder.values()) / len(holder)
+    assert improves(better, holder)
+    worse = {q: v - 0.01 for q, v in spread.items()}
+    assert not improves(worse, {q: v for q, v in holder.items() if q in spread})
+
+
+def test_paired_bootstrap_is_seeded_by_its_seed_string():
+    """A borderline challenger: each seed gives one verdict every time, and the seed matters."""
+    border = shifted(BORDER)
+    verdicts = {}
+    for s in range(30):
+        repeated = {improves(border, BASE, str(s)) for _ in range(3)}
+        assert len(repeated) == 1
+        verdicts[s] = repeated.pop()
+    assert set(verdicts.values()) == {True, False}
 
 
 def test_archive_keeps_specialists_on_their_capability_even_when_overall_drops():
@@ -49,6 +89,16 @@ def test_archive_keeps_specialists_on_their_capability_even_when_overall_drops()
     assert kept.specialists["F"].number == 2
     raw = archive([seed, candidate(1, {q: v + 0.001 for q, v in BASE.items()})], paired=False)
     assert raw.best is not None and raw.best.number == 1  # any higher mean, without the test
+
+
+def test_archive_refuses_a_higher_mean_the_paired_test_calls_noise():
+    seed = candidate(0, BASE)
+    lucky = candidate(1, shifted(OUTLIER))  # the outlier question is a T question
+    kept = archive([seed, lucky])
+    assert kept.best is not None and kept.best.number == 0
+    assert {c.number for c in kept.specialists.values()} == {0}
+    raw = archive([seed, lucky], paired=False)
+    assert raw.best is not None and raw.best.number == 1 and raw.specialists["T"].number == 1
 
 
 def test_question_fitness_skips_questions_without_evidence():

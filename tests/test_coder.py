@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import paired_beats
 
 from evolve.config import REPAIRS
 from evolve.evolution.budget import calls_path, read_spend
@@ -75,12 +76,14 @@ def config(data_dir: Path, cache: Path, **over: Any) -> RunConfig:
 
 
 def start(root: Path, run_id: str, cfg: RunConfig, script: Any = coder_script) -> Evolution:
+    """Run ``run_id`` in ``root`` (opened when it exists) with the scripted coder, whose request
+    cache lives in ``root``: stage outputs may be shared, scripted replies are not."""
     try:
         store = RunStore.open(root, run_id)
     except Exception:
         store = RunStore.create(root, {"config": cfg.as_json()}, run_id=run_id)
     coder = ScriptedLLM(script, log_path=calls_path(store.root), usd_per_token=1e-6,
-                        cache_path=Path(cfg.cache_dir) / "llm-cache.sqlite")  # fmt: skip
+                        cache_path=root / "llm-cache.sqlite")  # fmt: skip
     return Evolution(store, cfg, coder=coder)
 
 
@@ -139,9 +142,11 @@ def test_prompt_shows_contract_train_scores_cases_and_never_valid():
 
 
 @pytest.fixture(scope="module")
-def coder_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Evolution:
+def coder_run(
+    data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Evolution:
     root = tmp_path_factory.mktemp("coder")
-    evolution = start(root, "whole", config(data_dir, root / "cache"))
+    evolution = start(root, "whole", config(data_dir, offline_cache))
     evolution.run()
     return evolution
 
@@ -163,7 +168,10 @@ def test_archive_repairs_and_rejection(coder_run: Evolution):
     assert hostile.sandbox and not hostile.sandbox["passed"]
     assert len(hostile.attempts) == REPAIRS and "import os" in store.source(hostile.id)
     assert merged.status == "evaluated" and merged.capability is None
-    assert set(specialists(store.candidates())) == {"F", "T", "P", "M", "A"}
+    kept = specialists(store.candidates())
+    assert hostile.id not in {c.id for c in kept.values()}
+    promoted = {cap: c for cap, c in kept.items() if c.stage != "seed"}
+    assert promoted and all(paired_beats(c, seed, cap) for cap, c in promoted.items())
     for c in (cold, fixed, merged):
         assert set(c.scores) == {"train", "valid"} and store.traces(c.id, "train")
 
@@ -195,26 +203,26 @@ def test_accounting_in_the_run_call_log(coder_run: Evolution):
 
 
 def test_budget_stops_cleanly_and_resumes_with_a_higher_cap(
-    coder_run: Evolution, data_dir: Path, tmp_path: Path
+    coder_run: Evolution, data_dir: Path, offline_cache: Path, tmp_path: Path
 ):
     first_round = coder_run.store.load_state()["round_costs"][0]["usd"]
     cap = 1.5 * first_round  # room for the first round, not for a second as dear
-    first = start(tmp_path, "capped", config(data_dir, tmp_path / "cache", max_usd=cap))
+    first = start(tmp_path, "capped", config(data_dir, offline_cache, max_usd=cap))
     first.run()
     assert first.stopped and "USD cap" in first.stopped
     done = len(first.store.candidates())
     spent = read_spend(first.store.root).total
     assert done == 2 and spent.cost_usd == pytest.approx(first_round) and spent.cost_usd <= cap
-    resumed = start(tmp_path, "capped", config(data_dir, tmp_path / "cache", max_usd=1.0))
+    resumed = start(tmp_path, "capped", config(data_dir, offline_cache, max_usd=1.0))
     resumed.run()
     assert resumed.stopped is None and len(resumed.store.candidates()) == 5
     assert read_spend(resumed.store.root).total.calls > spent.calls  # never reset
 
 
 def test_interrupted_coder_run_resumes_to_the_same_archive(
-    coder_run: Evolution, data_dir: Path, tmp_path: Path
+    coder_run: Evolution, data_dir: Path, offline_cache: Path, tmp_path: Path
 ):
-    cfg = config(data_dir, tmp_path / "cache")
+    cfg = config(data_dir, offline_cache)
     calls = []
 
     def crashing(role: str, stage: str, messages: list[dict[str, Any]]) -> str:

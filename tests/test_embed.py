@@ -43,6 +43,13 @@ def test_construction_is_cheap_and_lazy(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_model_loads_once_per_process(minilm: Embedder, tmp_path: Path) -> None:
+    other = Embedder(tmp_path / "other.sqlite")  # another cache file: a cache miss
+    other.embed(["a sentence no other test embeds"])
+    assert other._model is minilm._model is not None
+
+
+@pytest.mark.slow
 def test_shape_dtype_and_normalisation(minilm: Embedder) -> None:
     vecs = minilm.embed(SENTENCES)
     assert vecs.shape == (len(SENTENCES), 384)

@@ -1,5 +1,6 @@
-"""Hub release -> file layout: `convert_row` on hand-made rows in the hub's format, and the
-offline failure modes of `fetch_beam` (no network is needed or used)."""
+"""Hub release -> file layout: `convert_row` on hand-made rows in the hub's format and on a
+real BEAM conversation turned into a hub row (round trip), and the offline failure modes of
+`fetch_beam` (no network is needed or used)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ def test_convert_row_writes_the_loader_layout(tmp_path: Path) -> None:
     chat = json.loads((conv_dir / "chat.json").read_text())
     assert [b["batch_number"] for b in chat] == [1, 2]
     assert [[m["id"] for m in t] for t in chat[0]["turns"]] == [[0, 1, 2, 3], [4, 5]]
-    assert chat[1]["time_anchor"] == "April-02-2024"
+    assert [b["time_anchor"] for b in chat] == [None, None]  # as in the release: on messages
+    conv, _ = beam.load_conversation(tmp_path, "100K", "7")
+    assert [s.date for s in conv.sessions] == ["2024-03-15", "2024-04-02"]
     assert json.loads((conv_dir / "topic.json").read_text()) == TOPIC
 
     conv, qs = beam.load_conversation(tmp_path, "100K", "7")
@@ -93,6 +96,36 @@ def test_convert_row_writes_the_loader_layout(tmp_path: Path) -> None:
     abstention = by_ability["abstention"]
     assert abstention.gold == "Not said." and abstention.capability == "A"
     assert beam.list_conversations(tmp_path, "100K") == ["7"]
+
+
+def hub_row(conv_dir: Path) -> dict[str, Any]:
+    """A conversation of the release in the hub's row format: each batch a flat message list
+    (every other one stringified, as the hub holds some), questions as a Python literal."""
+    chat = json.loads((conv_dir / "chat.json").read_text())
+    flat = [[m for turn in batch["turns"] for m in turn] for batch in chat]
+    return {
+        "conversation_id": conv_dir.name,
+        "conversation_seed": json.loads((conv_dir / beam.TOPIC_FILE).read_text()),
+        "chat": [repr(b) if i % 2 else b for i, b in enumerate(flat)],
+        "probing_questions": repr(json.loads((conv_dir / beam.QUESTIONS_FILE).read_text())),
+    }
+
+
+def test_a_real_conversation_round_trips_through_the_hub_format(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """BEAM-100K conversation 1 -> hub row -> files: the chat is byte-for-byte the release's,
+    topic and questions are the same JSON (the release's own whitespace is hand-made), and the
+    loader reads the same conversation and questions from both."""
+    conv_dir = data_dir / "beam" / "chats" / "100K" / "1"
+    fetch.convert_row(hub_row(conv_dir), "100K", tmp_path)
+    out = tmp_path / "beam" / "chats" / "100K" / "1"
+    assert (out / "chat.json").read_bytes() == (conv_dir / "chat.json").read_bytes()
+    for name in (beam.TOPIC_FILE, beam.QUESTIONS_FILE):
+        assert json.loads((out / name).read_text()) == json.loads((conv_dir / name).read_text())
+    assert beam.load_conversation(tmp_path, "100K", "1") == beam.load_conversation(
+        data_dir, "100K", "1"
+    )
 
 
 def test_convert_row_accepts_a_stringified_chat(tmp_path: Path) -> None:

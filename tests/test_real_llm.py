@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import skip_or_fail
 from tenacity import wait_none
 
 from evolve.datasets.slices import write_slice
@@ -69,10 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The API base of a llama-cpp-python server on loopback, stopped after the module."""
     missing = _missing()
     if missing:
-        why = f"{missing}: see the README's real-LLM tier"
-        if os.environ.get("PRISMEM_REAL_LLM") == "require":
-            pytest.fail(why)
-        pytest.skip(why)
+        skip_or_fail("PRISMEM_REAL_LLM", f"{missing}: see the README's real-LLM tier")
     port = _free_port()
     log = tmp_path_factory.mktemp("llm") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(_weights()),

@@ -5,16 +5,23 @@ Each case names the tier (and, where it is stable, the rule id) that is expected
 so this file documents where each attack is stopped:
 
 - tier 1 ``source``, static rules (:mod:`sandbox.static`): the program never runs; the report
-  has no ``isolation`` because no host was started;
-- tier 1 ``source`` at load time, tiers 2-4 (:mod:`sandbox.host`, :mod:`sandbox.tiers`): the
-  program runs inside the confined host (network namespace, throwaway uid with
-  RLIMIT_NPROC=1, rlimits, restricted builtins, disarmed library functions, wall-clock kill).
+  has no ``isolation`` because no host was started. This includes the obfuscated escapes to
+  the interpreter's real builtins (:data:`ESCAPE`, :data:`ESCAPES`: private attributes through
+  a parameter named ``self``) and monkeypatching an imported module;
+- tier 1 ``source`` at load time, tiers 2-4 (:mod:`sandbox.host`, :mod:`sandbox.tiers`),
+  cases marked ``runtime=True``: programs static analysis allows (crashes, exits, hangs,
+  memory bombs, wrong types, a thread pool re-exported by bm25s, quadratic indexing) run inside
+  the confined host (network namespace, throwaway uid with RLIMIT_NPROC=1, rlimits,
+  restricted builtins, disarmed library functions, wall-clock kill).
 
-Obfuscated variants that get past static analysis are marked ``runtime=True``; most of them use
-an escape to the interpreter's real builtins (:data:`ESCAPE`) to show what the run-time
-containment alone stops. Cases marked ``hole=...`` are known sandbox holes: they are expected
-to fail (``xfail(strict=True)``) until the sandbox is fixed, when they must be turned into
-ordinary cases.
+What the host alone does with code that has the real builtins is tested by loading each of
+:data:`ESCAPES` straight into a host, skipping tier 1 (``test_escaped_code_is_contained_by_the_
+host``): it must fail with the error its confinement produces (no network, no fork or thread,
+an empty chroot for files, ...).
+
+Cases marked ``root=True`` and the direct host tests are contained only by what a host started
+as root gets (throwaway uid, RLIMIT_NPROC, network namespace): without root they skip, and with
+``PRISMEM_ROOT_TESTS=require`` (``.ci/run``, which runs as root) that skip is a failure.
 
 Containment checked around every case: the test process is unharmed and has no new child
 processes; nothing is written to a world-writable sentinel folder under ``tmp_path`` or to
@@ -36,11 +43,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Unavailable
 
 from sandbox import check as sandbox_check
 from sandbox.check import CheckReport, check_program
@@ -155,7 +163,6 @@ class Case:
     error: str = ""  # text expected in the failing tier's error
     parent: str | None = None
     runtime: bool = False  # gets past static analysis: contained at run time
-    hole: str = ""  # a known sandbox hole: xfail(strict) until fixed
     root: bool = False  # contained only by what a root-started host gets (uid, NPROC, netns)
     seconds: float = TIMEOUT_CEILING_S
 
@@ -567,73 +574,6 @@ CASES: list[Case] = [
         "probe",
         seconds=FAST_TIER_SECONDS["probe"] + 15,
     ),
-    # ---- obfuscated variants past static analysis: contained at run time
-    runtime(
-        "escape-socket-raw-connect",
-        dense(top=ESCAPE + '\nreal("_socket", "socket")().connect(("127.0.0.1", @PORT@))'),
-        1,
-        "contract",
-        error="Network is unreachable",
-        root=True,
-    ),
-    runtime(
-        "escape-socket-disarmed",
-        dense(top=ESCAPE + '\nreal("socket", "create_connection")(("127.0.0.1", @PORT@), 2)'),
-        1,
-        "contract",
-        error="not allowed in the sandbox",
-    ),
-    runtime(
-        "escape-fork",
-        dense(top=ESCAPE + '\nif real("posix", "fork")() == 0:\n    while True:\n        pass'),
-        1,
-        "contract",
-        error="BlockingIOError",
-        root=True,
-    ),
-    runtime(
-        "escape-thread",
-        dense(top=ESCAPE + '\nreal("_thread", "start_new_thread")(print, ("spawned",))'),
-        1,
-        "contract",
-        error="can't start new thread",
-        root=True,
-    ),
-    runtime(
-        "escape-system",
-        dense(
-            top=ESCAPE + '\nif real("posix", "system")("touch @PWNED@") != 0:\n'
-            '    raise OSError("system() failed")'
-        ),
-        1,
-        "contract",
-        error="system() failed",
-        root=True,
-    ),
-    runtime(
-        "escape-kill-parent",
-        dense(top=ESCAPE + '\nreal("posix", "kill")(real("posix", "getppid")(), 0)'),
-        1,
-        "contract",
-        error="Operation not permitted",
-        root=True,
-    ),
-    runtime(
-        "escape-write-repo-seed",
-        dense(top=ESCAPE + '\nreal("builtins", "open")("@REPO@/seeds/dense.py", "a")'),
-        1,
-        "contract",
-        error="Permission denied",
-        root=True,
-    ),
-    runtime(
-        "escape-write-tmp-path-sentinel",
-        dense(top=ESCAPE + '\nreal("builtins", "open")("@SENTINEL@", "w").write("x")'),
-        1,
-        "contract",
-        error="Permission denied",
-        root=True,
-    ),
     runtime(  # allowed by static analysis: bm25s re-exports concurrent.futures' executor
         "threads-via-bm25s-executor",
         dense(top="import bm25s", index="bm25s.ThreadPoolExecutor(4).submit(print, 1).result()"),
@@ -642,96 +582,69 @@ CASES: list[Case] = [
         error="can't start new thread",
         root=True,
     ),
-    runtime(
-        "escape-posix-exit-in-index",
-        dense(top=ESCAPE, index='real("posix", "_exit")(0)'),
-        3,
-        "crash",
-        error="exited with status 0",
-    ),
-    runtime(
-        "escape-corrupt-protocol",
-        dense(top=ESCAPE + '\nreal("posix", "write")(1, b"\\xff" * 64)'),
-        1,
-        "crash",
-        error="protocol",
-    ),
-    # ---- known holes: these programs pass every tier today (see the reasons)
-    runtime(
-        "hole-forwardref-escape-reads-splits-writes-tmp",
-        dense(
-            top=ESCAPE + '\nOPEN = real("builtins", "open")'
-            '\nLEAKED = OPEN("@REPO@/spl" + "its/beam.json").read()'
-            '\nOPEN("@PWNED@", "w").write(LEAKED[:100])'
-        ),
-        1,
-        "",
-        hole="static analysis allows private attributes on any receiver named 'self', so "
-        "'self._evaluate' on typing.ForwardRef (from typing.get_args(typing.List[<run-time "
-        "string>])) evaluates code with the real builtins; at run time the throwaway uid can "
-        "still read world-readable files (splits, benchmark labels) and write world-writable "
-        "ones (/tmp): there is no filesystem confinement",
-    ),
-    runtime(
-        "hole-numpy-datasource-open",
-        dense(top=DATASOURCE_TOP),
-        1,
-        "",
-        hole="'from numpy import lib' plus 'self._datasource' / 'self._file_openers' (private "
-        "attributes through a parameter named self) reach numpy's saved reference to the real "
-        "builtin open: reads splits/beam.json and writes /tmp/prismem-pwned-*",
-    ),
-    runtime(
-        "hole-forged-verdict-json-dumps",
-        dense(top=FORGE_TOP, retrieve="return None"),
-        3,
-        "smoke",
-        hole="the program monkeypatches json.dumps, which the host's wire.encode_frame looks "
-        "up at call time, and rewrites every error frame into a result: a program whose "
-        "retrieve returns None passes all four tiers",
-    ),
-    runtime(
-        "hole-probe-accounting-backend-seconds",
+    runtime(  # the probe's meters do not live on the backend the program can write
+        "probe-accounting-backend-seconds",
         dense(init=QUADRATIC_INIT, index="self.backend.seconds += 1000.0\n" + QUADRATIC_INDEX),
-        4,
-        "probe",
-        hole="the probe subtracts StubBackend.seconds, a counter the program can write, from "
-        "its CPU time (_check_backend compares dim and attribute names, not counter values): "
-        "the quadratic indexer passes with cpu_s of about -100000",
+        3,
+        "exception",
+        "smoke",
     ),
+    # ---- monkeypatching an imported module (json.dumps forges the host's verdict frames)
+    static(
+        "forged-verdict-json-dumps", dense(top=FORGE_TOP, retrieve="return None"), "module-mutation"
+    ),  # fmt: skip
 ]
 
 
-# The ForwardRef and numpy-datasource escapes above reach private attributes through a plain
-# function's parameter named 'self'; static analysis now stops them (rule private-attribute),
-# as it stops monkeypatching an imported module (rule module-mutation). The probe's meters no
-# longer live on the backend. What the host itself does with code that slips past static
-# analysis is tested by loading the escapes directly into a host, without tier 1
-# (test_escaped_code_is_contained_by_the_host); there, file access finds an empty chroot.
-_CHROOT_ERRORS = {
-    "escape-write-repo-seed": "No such file or directory",
-    "escape-write-tmp-path-sentinel": "No such file or directory",
-    "hole-forwardref-escape-reads-splits-writes-tmp": "No such file or directory",
-    "hole-numpy-datasource-open": "No such file or directory",
-}
-DIRECT = [
-    replace(c, error=_CHROOT_ERRORS.get(c.id, c.error))
-    for c in CASES
-    if (ESCAPE in c.source or c.id == "hole-numpy-datasource-open")
-    and (c.error or c.id in _CHROOT_ERRORS)
-]
-_FIXED = {
-    "hole-forged-verdict-json-dumps": {"tier": 1, "rules": ("module-mutation",), "runtime": False},
-    "hole-probe-accounting-backend-seconds": {"tier": 3, "rules": ("exception", "smoke")},
-}
-CASES = [
-    replace(c, tier=1, rules=("private-attribute",), error="", runtime=False, hole="", root=False)
-    if ESCAPE in c.source or c.id == "hole-numpy-datasource-open"
-    else replace(c, hole="", **_FIXED[c.id])
-    if c.id in _FIXED
-    else c
-    for c in CASES
-]
+@dataclass(frozen=True)
+class Escape:
+    """Code that reaches the interpreter's real builtins through a private attribute on a
+    parameter named ``self``. Tier 1 stops it (rule private-attribute); loaded straight into
+    a host, ``contained`` is the text of the error the host's confinement produces."""
+
+    id: str
+    source: str
+    contained: str
+
+
+ESCAPES = [
+    Escape("escape-socket-raw-connect",
+           dense(top=ESCAPE + '\nreal("_socket", "socket")().connect(("127.0.0.1", @PORT@))'),
+           "Network is unreachable"),
+    Escape("escape-socket-disarmed",
+           dense(top=ESCAPE + '\nreal("socket", "create_connection")(("127.0.0.1", @PORT@), 2)'),
+           "not allowed in the sandbox"),
+    Escape("escape-fork",
+           dense(top=ESCAPE + '\nif real("posix", "fork")() == 0:\n    while True:\n        pass'),
+           "BlockingIOError"),
+    Escape("escape-thread",
+           dense(top=ESCAPE + '\nreal("_thread", "start_new_thread")(print, ("spawned",))'),
+           "can't start new thread"),
+    Escape("escape-system",
+           dense(top=ESCAPE + '\nif real("posix", "system")("touch @PWNED@") != 0:\n'
+                 '    raise OSError("system() failed")'),
+           "system() failed"),
+    Escape("escape-kill-parent",
+           dense(top=ESCAPE + '\nreal("posix", "kill")(real("posix", "getppid")(), 0)'),
+           "Operation not permitted"),
+    Escape("escape-write-repo-seed",
+           dense(top=ESCAPE + '\nreal("builtins", "open")("@REPO@/seeds/dense.py", "a")'),
+           "No such file or directory"),  # the host's root is an empty chroot
+    Escape("escape-write-tmp-path-sentinel",
+           dense(top=ESCAPE + '\nreal("builtins", "open")("@SENTINEL@", "w").write("x")'),
+           "No such file or directory"),
+    Escape("escape-posix-exit-in-index", dense(top=ESCAPE, index='real("posix", "_exit")(0)'),
+           "exited with status 0"),
+    Escape("escape-corrupt-protocol",
+           dense(top=ESCAPE + '\nreal("posix", "write")(1, b"\\xff" * 64)'), "protocol"),
+    Escape("forwardref-escape-reads-splits-writes-tmp",
+           dense(top=ESCAPE + '\nOPEN = real("builtins", "open")'
+                 '\nLEAKED = OPEN("@REPO@/spl" + "its/beam.json").read()'
+                 '\nOPEN("@PWNED@", "w").write(LEAKED[:100])'),
+           "No such file or directory"),
+    Escape("numpy-datasource-open", dense(top=DATASOURCE_TOP), "No such file or directory"),
+]  # fmt: skip
+CASES += [static(e.id, e.source, "private-attribute") for e in ESCAPES]
 
 # -- containment fixtures ---------------------------------------------------------------------
 
@@ -822,26 +735,15 @@ def _render(case: Case, sentinel: Path, pwned: str, port: int) -> str:
     )
 
 
-NEEDS_ROOT = pytest.mark.skipif(
-    os.geteuid() != 0,
-    reason="started without root the host keeps the caller's uid and network: no throwaway "
-    "uid, RLIMIT_NPROC or network namespace contains this program",
+NOT_ROOT = (
+    "started without root the host keeps the caller's uid and network: no throwaway uid, "
+    "RLIMIT_NPROC or network namespace contains this program"
 )
 
 
-class SandboxHole(AssertionError):
-    """A known hole is still open: the program passed the check or wrote a sentinel file."""
-
-
-def _params() -> list[Any]:
-    out = []
-    for case in CASES:
-        hole = pytest.mark.xfail(reason=case.hole, raises=SandboxHole, strict=True)
-        marks = [hole] if case.hole else []
-        if case.root:
-            marks.append(NEEDS_ROOT)
-        out.append(pytest.param(case, id=case.id, marks=marks))
-    return out
+def _need_root(unavailable: Unavailable) -> None:
+    if os.geteuid() != 0:
+        unavailable("PRISMEM_ROOT_TESTS", NOT_ROOT)
 
 
 def _rules(report: CheckReport) -> set[str]:
@@ -858,13 +760,15 @@ def _rules(report: CheckReport) -> set[str]:
 def test_corpus_is_large_and_distinct() -> None:
     assert len({c.id for c in CASES}) == len(CASES)
     assert len({c.source for c in CASES}) == len(CASES)
-    assert len([c for c in CASES if not c.hole]) >= 30
+    assert len(CASES) >= 30 and len({e.id for e in ESCAPES} - {c.id for c in CASES}) == 0
 
 
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_hostile_program_is_rejected_and_contained(
-    case: Case, tmp_path: Path, listener: Listener
+    case: Case, tmp_path: Path, listener: Listener, unavailable: Unavailable
 ) -> None:
+    if case.root:
+        _need_root(unavailable)
     tmp_path.chmod(0o777)  # world-writable: the throwaway uid could write here if it got in
     sentinel = tmp_path / "pwned"
     pwned = f"{PWNED_PREFIX}-{case.id}"
@@ -875,7 +779,7 @@ def test_hostile_program_is_rejected_and_contained(
     report = check_program(source, path=f"<{case.id}>", parent_source=case.parent)
     elapsed = time.monotonic() - start
 
-    # containment first, cleaning up what a known hole leaves behind before asserting
+    # containment first, cleaning up what an escape left behind before asserting
     written = [p for p in (str(sentinel), pwned) if os.path.lexists(p)]
     for path in written:
         os.unlink(path)
@@ -887,8 +791,6 @@ def test_hostile_program_is_rejected_and_contained(
 
     failure = report.failure
     summary = f"{case.id}: {report.repair_text()}"
-    if case.hole and (report.passed or written):  # only this counts as the expected failure
-        raise SandboxHole(f"{case.id}: passed={report.passed}, wrote {written}")
     assert not written, f"{case.id} wrote {written}"
     assert report.passed is False, f"{case.id} passed every tier: {report.as_json()}"
     tiers = case.tier if isinstance(case.tier, tuple) else (case.tier,)
@@ -906,9 +808,12 @@ def test_hostile_program_is_rejected_and_contained(
     assert report.repair_text().startswith(f"sandbox tier {failure.tier} ({failure.name})")
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[NEEDS_ROOT]) for c in DIRECT])
-def test_escaped_code_is_contained_by_the_host(case: Case, tmp_path: Path, listener: Listener):
+@pytest.mark.parametrize("case", ESCAPES, ids=lambda e: e.id)
+def test_escaped_code_is_contained_by_the_host(
+    case: Escape, tmp_path: Path, listener: Listener, unavailable: Unavailable
+) -> None:
     """Code with the interpreter's real builtins, loaded straight into a host (no tier 1)."""
+    _need_root(unavailable)
     tmp_path.chmod(0o777)
     sentinel, pwned = tmp_path / "pwned", f"{PWNED_PREFIX}-direct-{case.id}"
     source = _render(case, sentinel, pwned, listener.port)
@@ -926,7 +831,7 @@ def test_escaped_code_is_contained_by_the_host(case: Case, tmp_path: Path, liste
     time.sleep(0.05)
     assert not written and _snapshot() == before and listener.connections == 0
     assert _children() - children == set()
-    assert case.error in outcome, outcome
+    assert case.contained in outcome, outcome
 
 
 @pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.name)

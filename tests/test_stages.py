@@ -52,9 +52,11 @@ def coder_script() -> Any:
     return reply
 
 
-def run(data_dir: Path, root: Path, run_id: str, **over: Any) -> Evolution:
+def run(data_dir: Path, stages: Path, root: Path, run_id: str, **over: Any) -> Evolution:
+    """A run in ``root`` with the scripted coder and annotator; stage outputs go to ``stages``
+    (a cache shared with other offline tests), the LLM request cache stays in ``root``."""
     base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(root / "cache"), "jobs": 1, "embedder": "hashing",
+            "cache_dir": str(stages), "jobs": 1, "embedder": "hashing",
             "conversations": 1, "coder_model": {"model": "scripted"},
             "rounds": {"cold_start": 1, "refinement": 2, "integration": 1}}  # fmt: skip
     config = RunConfig(**{**base, **over})
@@ -68,8 +70,10 @@ def run(data_dir: Path, root: Path, run_id: str, **over: Any) -> Evolution:
 
 
 @pytest.fixture(scope="module")
-def full(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Evolution:
-    return run(data_dir, tmp_path_factory.mktemp("stages"), "full")
+def full(
+    data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Evolution:
+    return run(data_dir, offline_cache, tmp_path_factory.mktemp("stages"), "full")
 
 
 def test_annotation_is_cached_per_task_and_model(full: Evolution):
@@ -91,8 +95,7 @@ def test_diagnostics_per_capability_reach_the_coder(full: Evolution):
     for row in table.values():
         assert 0.0 <= row["d_ext"] <= 1.0 + 1e-6 and 0.0 <= row["d_idx"] <= 1.0 + 1e-6
         assert row["unit_chars"] > 0 and row["retrieved_chars"] > 0
-    assert "valid" not in seed.scores or "diagnostics" not in seed.scores["valid"] or (
-        seed.scores["valid"]["diagnostics"] is None)  # fmt: skip
+    assert seed.scores["valid"]["diagnostics"] is None  # diagnostics steer on train only
     assert isinstance(full.coder, ScriptedLLM)
     prompts = [m[-1]["content"] for _, stage, m in full.coder.transport_calls
                if stage == "cold_start/diagnose"]  # fmt: skip
@@ -115,12 +118,12 @@ def test_refinement_targets_follow_the_dependency_rule(full: Evolution):
 
 def test_integration_is_compared_with_routing(full: Evolution):
     merged = [c for c in full.store.candidates() if c.stage == "integration"]
-    assert len(merged) == 1
-    if merged[0].status == "evaluated":
-        routing = merged[0].scores["valid"]["routing"]
-        assert routing["oracle_router"] is not None and routing["question_router"] is not None
-        assert isinstance(routing["beats_routing"], bool)
-        assert full.store.events("routing")
+    assert len(merged) == 1 and merged[0].status == "evaluated"
+    routing = merged[0].scores["valid"]["routing"]
+    assert routing["oracle_router"] is not None and routing["question_router"] is not None
+    assert isinstance(routing["beats_routing"], bool)
+    (event,) = full.store.events("routing")
+    assert event["data"]["candidate"] == merged[0].id
 
 
 def meta(number: int, parents: list[str]) -> CandidateMeta:
@@ -187,18 +190,29 @@ def test_random_cases_differ_from_the_worst():
     assert len(drawn) > 1
 
 
-def test_ablations_change_behaviour_as_named(data_dir: Path, tmp_path: Path):
+def test_ablations_change_behaviour_as_named(data_dir: Path, offline_cache: Path, tmp_path: Path):
     rounds = {"cold_start": 0, "refinement": 1, "integration": 1}
-    holistic = run(data_dir, tmp_path, "holistic", rounds=rounds, holistic=True)
+    holistic = run(data_dir, offline_cache, tmp_path, "holistic", rounds=rounds, holistic=True)
     assert all(c.capability is None for c in holistic.store.candidates())
     assert isinstance(holistic.coder, ScriptedLLM)
     integration = [m[1]["content"] for _, s, m in holistic.coder.transport_calls
                    if s == "integration/propose"]  # fmt: skip
     assert integration and "Specialist for" not in integration[0]
-    robin = run(data_dir, tmp_path, "robin", rounds={"cold_start": 0, "refinement": 2},
-                selection="round-robin")  # fmt: skip
+    two = {"cold_start": 0, "refinement": 2}
+    robin = run(data_dir, offline_cache, tmp_path, "robin", rounds=two, selection="round-robin")
     assert [c.capability for c in robin.store.candidates()[1:]] == ["F", "T"]
     assert not [c for c in robin.store.candidates() if c.stage == "integration"]
+    drawn = run(data_dir, offline_cache, tmp_path, "drawn", rounds=two, selection="round-robin",
+                cases="random")  # fmt: skip
+    assert [c.capability for c in drawn.store.candidates()[1:]] == ["F", "T"]
+    worst, random = recorded_cases(robin), recorded_cases(drawn)
+    assert [len(ids) for ids in random] == [len(ids) for ids in worst] and all(worst)
+    assert random != worst  # same parents and targets, other cases
+
+
+def recorded_cases(evolution: Evolution) -> list[list[str]]:
+    """The failing cases each round's proposal was shown, as the run's events record them."""
+    return [e["data"]["cases"] for e in evolution.store.events("proposed")]
 
 
 def test_cases_are_compact_and_keep_each_evidence_best_unit(full: Evolution):

@@ -8,7 +8,8 @@ Owns ``evolve data fetch beam``: hub datasets ``Mohammadta/BEAM`` (splits 100K, 
 Invariants:
 - Hub strings holding Python literals are parsed with `ast.literal_eval` only, never `eval`.
 - `convert_row` is pure apart from the files it writes; it validates what it writes with the
-  loader's own parsers, so a converted conversation always loads.
+  loader's own parsers, so a converted conversation always loads. A release conversation put
+  in the hub's row format converts back to its own ``chat.json``, byte for byte.
 - Network failures fail fast (a few seconds) with one `DataError` line saying where to put the
   files by hand. Parquet is read with pyarrow.
 """
@@ -68,10 +69,9 @@ def parse_literal(value: Any, what: str) -> Any:
         raise DataError(f"{what}: not a plain Python literal ({reason})") from None
 
 
-def _turns(messages: list[Any], where: str) -> tuple[list[list[Row]], str | None]:
+def _turns(messages: list[Any], where: str) -> list[list[Row]]:
     """Group a flat batch into turns; a user ``main_question`` starts a new turn."""
     turns: list[list[Row]] = []
-    anchor: str | None = None
     for k, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise DataError(f"{where}: message {k + 1} is {type(msg).__name__}, not an object")
@@ -79,9 +79,7 @@ def _turns(messages: list[Any], where: str) -> tuple[list[list[Row]], str | None
         if main or not turns:
             turns.append([])
         turns[-1].append(msg)
-        if main and anchor is None and isinstance(msg.get("time_anchor"), str):
-            anchor = msg["time_anchor"]
-    return turns, anchor
+    return turns
 
 
 def _batch(raw: Any, number: int, where: str, id_offset: int = 0) -> Row:
@@ -96,8 +94,8 @@ def _batch(raw: Any, number: int, where: str, id_offset: int = 0) -> Row:
         raise DataError(f"{where}: expected a list of messages, got {type(raw).__name__}")
     if id_offset:
         raw = [_offset(m, id_offset, where) for m in raw]
-    turns, anchor = _turns(raw, where)
-    return {"batch_number": number, "turns": turns, "time_anchor": anchor}
+    # the release keeps each batch's time anchor on its messages and null on the batch
+    return {"batch_number": number, "turns": _turns(raw, where), "time_anchor": None}
 
 
 def _offset(msg: Any, offset: int, where: str) -> Any:

