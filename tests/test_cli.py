@@ -444,3 +444,34 @@ def test_resume_of_a_damaged_stored_config_is_one_error_line(
     assert_one_error_line(code, err, "run damaged")
     assert message in error_lines(err)[0], err
     assert not list(store.candidates())  # nothing ran
+
+
+def test_run_records_absolute_paths_so_resume_works_from_elsewhere(
+    data_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A run started with relative --seed, --data-dir and --cache-dir resumes from another
+    directory: the manifest holds absolute paths."""
+    from evolve.evolution.store import RunStore
+
+    work = tmp_path / "work"
+    write_slice(data_dir, work / "data", messages=12)
+    shutil.copy(ROOT / "seeds" / "dense.py", work / "seed.py")
+    monkeypatch.chdir(work)
+    runs = tmp_path / "runs"
+    code, _, err = run_cli(capsys, "run", "--data-dir", "data", "--seed", "seed.py",
+                           "--runs-dir", str(runs), "--cache-dir", "cache", "--embedder",
+                           "hashing", "--rounds", "0,1,0", "--conversations", "1", "--jobs", "1",
+                           "--no-progress")  # fmt: skip
+    assert code == 0, err
+    (run,) = runs.iterdir()
+    config = RunStore.open(runs, run.name).manifest["config"]
+    for key in ("data_dir", "seed_program", "cache_dir"):
+        assert Path(config[key]).is_absolute(), (key, config[key])
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "run", "--resume", run.name, "--runs-dir", str(runs),
+                           "--rounds", "0,2,0", "--no-progress")  # fmt: skip
+    assert code == 0, err
+    assert len(RunStore.open(runs, run.name).candidates()) == 3

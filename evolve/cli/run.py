@@ -155,8 +155,10 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     seed = args.seed or seed_file(default_seed)
     read_program(Path(seed), "seed program")
     return RunConfig(
-        data_dir=str(data_dir(args.data_dir)), seed_program=str(seed), bench=args.bench,
-        cache_dir=str(args.cache_dir or default_cache_dir()), rounds=rounds, jobs=args.jobs,
+        # absolute paths: a resumed run may be started from another directory
+        data_dir=str(data_dir(args.data_dir).resolve()), seed_program=str(Path(seed).resolve()),
+        bench=args.bench, cache_dir=str(Path(args.cache_dir or default_cache_dir()).resolve()),
+        rounds=rounds, jobs=args.jobs,
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
         coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
