@@ -23,7 +23,10 @@ from evolve.cli.main import main
 from evolve.evolution.loop import Evolution, RunConfig, task_set
 from evolve.evolution.store import RunStore
 from evolve.executor import evaluate, write_run
+from evolve.models import close_connections
 from evolve.models.embed import _SCHEMA, HashingEmbedder, _sha256
+from evolve.models.llm import LLMError
+from evolve.models.testing import ScriptedLLM
 from evolve.stagecache import StageStore
 from evolve.worker import WorkerConfig
 
@@ -326,3 +329,42 @@ def test_embedding_rows_of_the_wrong_size_are_recomputed(tmp_path: Path) -> None
     assert embedder.stats.invalid == len(TEXTS) == embedder.stats.encoded
     again = HashingEmbedder(cache_path=path)
     assert np.array_equal(again.embed(TEXTS), vecs) and again.stats.cache_hits == len(TEXTS)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_llm_request_cache_is_set_aside(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The LLM request cache is a cache: a damaged file is set aside with one warning and the
+    call is made (and cached) again."""
+    cache = tmp_path / "llm-cache.sqlite"
+    first = ScriptedLLM(["an answer"], cache_path=cache)
+    assert first.complete("task", "t", "q?").text == "an answer"
+    close_connections(cache)
+    data = cache.read_bytes()
+    cache.write_bytes(b"garbage!" * 512 if damage == "garbage" else data[: len(data) // 2])
+    again = ScriptedLLM(["asked again"], cache_path=cache)
+    with caplog.at_level("WARNING", logger="evolve.damage"):
+        reply = again.complete("task", "t", "q?")
+    assert reply.text == "asked again" and not reply.cached
+    [record] = caplog.records
+    assert str(cache) in record.getMessage() and "fresh cache" in record.getMessage()
+    assert len(list(tmp_path.glob("llm-cache.sqlite.corrupt-*"))) == 1
+    assert ScriptedLLM([], cache_path=cache).complete("task", "t", "q?").cached
+
+
+def test_corrupt_call_log_is_one_error_not_a_fresh_log(tmp_path: Path) -> None:
+    """The call log records what a run spent: a damaged one is never replaced silently; logging
+    to it and reading the spend both raise one LLMError line naming the file."""
+    from evolve.evolution.budget import calls_path, read_spend
+
+    log = calls_path(tmp_path)
+    ScriptedLLM(["one"], log_path=log).complete("task", "t", "q?")
+    close_connections(log)
+    log.write_bytes(b"garbage!" * 512)
+    with pytest.raises(LLMError, match="call log .*calls.sqlite is damaged") as caught:
+        read_spend(tmp_path)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(LLMError, match="is damaged"):
+        ScriptedLLM(["two"], log_path=log).complete("task", "t", "q?")
+    assert log.read_bytes() == b"garbage!" * 512 and not list(tmp_path.glob("*.corrupt-*"))

@@ -25,12 +25,13 @@ Invariants:
 from __future__ import annotations
 
 import math
+import sqlite3
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve.models import sqlite_connection
-from evolve.models.llm import CALLS_SCHEMA, ModelConfig
+from evolve.models import is_corrupt, sqlite_connection
+from evolve.models.llm import CALLS_SCHEMA, ModelConfig, damaged_log
 
 CALLS_FILE = "calls.sqlite"
 
@@ -97,13 +98,18 @@ def read_spend(run_root: Path) -> Spend:
     path = calls_path(run_root)
     if not path.exists():
         return spend
-    with sqlite_connection(path, CALLS_SCHEMA) as conn:
-        cursor = conn.execute(
-            "SELECT role, stage, prompt_tokens, completion_tokens, cost_usd, cached, error "
-            "FROM calls ORDER BY id"
-        )
-        names = [d[0] for d in cursor.description]
-        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    try:
+        with sqlite_connection(path, CALLS_SCHEMA) as conn:
+            cursor = conn.execute(
+                "SELECT role, stage, prompt_tokens, completion_tokens, cost_usd, cached, error "
+                "FROM calls ORDER BY id"
+            )
+            names = [d[0] for d in cursor.description]
+            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    except sqlite3.DatabaseError as exc:
+        if not is_corrupt(exc):
+            raise
+        raise damaged_log(path, exc) from None
     for row in rows:
         spend.total.add(row)
         spend.by_role.setdefault(row["role"], Tally()).add(row)

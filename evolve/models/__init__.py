@@ -11,9 +11,11 @@ of the key).
 Also owns how damaged files are handled everywhere: :func:`damaged` reports one in one line on
 the ``evolve.damage`` logger (the CLI prints each such line once, as ``warning:``; a worker
 process without handlers prints it bare), :func:`is_corrupt` tells a damaged SQLite file from a
-busy or unopenable one, :func:`why` says in one line why a file did not load, and
+busy or unopenable one, :func:`why` says in one line why a file did not load,
 :func:`set_aside` moves a damaged file out of the way (never deleting it) so that a fresh one
-can take its place.
+can take its place, and :func:`cache_transaction` is the one way a *cache* file (embeddings, LLM
+responses: contents that can be recomputed) is used: a damaged one is set aside and replaced.
+The call log is a record, not a cache: a damaged log is an error, never silently replaced.
 
 And owns the registry of test doubles, :data:`DOUBLES`: production code looks a double up by
 name (:func:`double`) and never imports one; the tests fill it (importing
@@ -29,7 +31,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 BUSY_TIMEOUT_S = 60.0
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
@@ -120,13 +124,18 @@ def _still_corrupt(path: Path) -> bool:
         conn.close()
 
 
+def close_connections(path: Path) -> None:
+    """Close this thread's open connections to ``path`` (the next use reopens the file)."""
+    conns: dict[tuple[int, str, str], sqlite3.Connection] = _local.__dict__.setdefault("conns", {})
+    for key in [k for k in conns if k[1] == str(path)]:
+        conns.pop(key).close()
+
+
 def set_aside(path: Path) -> Path | None:
     """Move a damaged SQLite file (and its ``-wal`` / ``-shm``) to ``<name>.corrupt-<time>``,
     after closing this thread's connections to it; returns the new name, or None when the file
     now at ``path`` is sound (another process set it aside first) and nothing was moved."""
-    conns: dict[tuple[int, str, str], sqlite3.Connection] = _local.__dict__.setdefault("conns", {})
-    for key in [k for k in conns if k[1] == str(path)]:
-        conns.pop(key).close()
+    close_connections(path)
     if not _still_corrupt(path):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -140,3 +149,23 @@ def set_aside(path: Path) -> Path | None:
         if source.exists():
             os.replace(source, f"{target}{suffix}")
     return target
+
+
+def cache_transaction(
+    path: Path, schema: str, what: str, work: Callable[[sqlite3.Connection], T]
+) -> T:
+    """``work`` in one transaction on the cache file at ``path``; when SQLite calls the file
+    corrupt, it is set aside (said once, in one line naming ``what`` and the file) and ``work``
+    runs again on a fresh cache."""
+    try:
+        with sqlite_connection(path, schema) as conn:
+            return work(conn)
+    except sqlite3.DatabaseError as exc:
+        if not is_corrupt(exc):
+            raise
+        moved = set_aside(path)
+        if moved is not None:
+            damaged(f"{what} {path} is damaged ({exc}): moved to {moved.name}; "
+                    "starting a fresh cache")  # fmt: skip
+    with sqlite_connection(path, schema) as conn:
+        return work(conn)

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from evolve.models import damaged, is_corrupt, set_aside, sqlite_connection
+from evolve.models import cache_transaction
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -201,21 +201,10 @@ class Embedder:
         return self._model
 
     def _cache(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """``work`` in one transaction on the cache file; a corrupt file is set aside (said
-        once, in one line) and ``work`` runs again on a fresh one."""
+        """``work`` in one transaction on the cache file (:func:`evolve.models.cache_transaction`:
+        a corrupt file is set aside and replaced by a fresh one)."""
         assert self.cache_path is not None
-        try:
-            with sqlite_connection(self.cache_path, _SCHEMA) as conn:
-                return work(conn)
-        except sqlite3.DatabaseError as exc:
-            if not is_corrupt(exc):
-                raise
-            moved = set_aside(self.cache_path)
-            if moved is not None:
-                damaged(f"embedding cache {self.cache_path} is damaged ({exc}): moved to "
-                        f"{moved.name}; starting a fresh cache")  # fmt: skip
-        with sqlite_connection(self.cache_path, _SCHEMA) as conn:
-            return work(conn)
+        return cache_transaction(self.cache_path, _SCHEMA, "embedding cache", work)
 
     def _lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
         if self.cache_path is None:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -46,7 +47,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from evolve.models import sqlite_connection
+from evolve.models import cache_transaction, is_corrupt, sqlite_connection
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -76,6 +77,15 @@ CREATE TABLE IF NOT EXISTS responses (
 
 class LLMError(RuntimeError):
     """A call failed for good: not configured, non-transient error, retries or repairs spent."""
+
+
+def damaged_log(path: Path, exc: Exception) -> LLMError:
+    """The error for a call log SQLite calls corrupt: the log records what a run spent, so it
+    is never replaced silently (unlike a cache); the user decides."""
+    return LLMError(
+        f"call log {path} is damaged ({exc}); it records what the run spent, so it is not "
+        "replaced: move it aside to continue (spend caps then count from zero)"
+    )
 
 
 class JSONReplyError(LLMError):
@@ -403,12 +413,16 @@ class LLMClient:
     def _cache_get(self, key: str) -> Completion | None:
         if self.cache_path is None:
             return None
-        with sqlite_connection(self.cache_path, CALLS_SCHEMA) as conn:
-            row = conn.execute(
+        row = cache_transaction(
+            self.cache_path,
+            CALLS_SCHEMA,
+            "LLM request cache",
+            lambda conn: conn.execute(
                 "SELECT text, prompt_tokens, completion_tokens, model FROM responses"
                 " WHERE request_hash = ?",
                 (key,),
-            ).fetchone()
+            ).fetchone(),
+        )
         if row is None:
             return None
         return Completion(row[0], row[1], row[2], 0.0, 0.0, True, row[3])
@@ -416,11 +430,15 @@ class LLMClient:
     def _cache_put(self, key: str, reply: Completion) -> None:
         if self.cache_path is None:
             return
-        with sqlite_connection(self.cache_path, CALLS_SCHEMA) as conn:
-            conn.execute(
+        cache_transaction(
+            self.cache_path,
+            CALLS_SCHEMA,
+            "LLM request cache",
+            lambda conn: conn.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
                 (key, reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model),
-            )
+            ),
+        )
 
     def _record(
         self, role: str, stage: str, reply: Completion, key: str, error: str | None
@@ -442,8 +460,13 @@ class LLMClient:
         if self.log_path is None:
             return
         row = asdict(record)
-        with sqlite_connection(self.log_path, CALLS_SCHEMA) as conn:
-            conn.execute(
-                f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                [int(v) if isinstance(v, bool) else v for v in row.values()],
-            )
+        try:
+            with sqlite_connection(self.log_path, CALLS_SCHEMA) as conn:
+                conn.execute(
+                    f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                    [int(v) if isinstance(v, bool) else v for v in row.values()],
+                )
+        except sqlite3.DatabaseError as exc:  # the spend record: never replaced silently
+            if not is_corrupt(exc):
+                raise
+            raise damaged_log(self.log_path, exc) from None
