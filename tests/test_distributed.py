@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from conftest import Unavailable
 
-from evolve.cli import main
+from evolve.cli.main import main
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.slices import write_slice
 from evolve.distributed import RayExecutor, make_backend
