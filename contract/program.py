@@ -137,12 +137,13 @@ def _check_signature(label: str, fn: Any, params: list[str], inspect: Any) -> No
 
 def offline_units(program: Program, segment: Any) -> list[Any]:
     """Offline extraction's stand-in: one ``MemoryUnit`` per message of ``segment`` (any object
-    with ``messages``, ``date`` and ``session_id``), text ``"role: content"``, metadata by name."""
+    with ``date``, ``session_id`` and :class:`~contract.types.Message` ``messages``), text
+    :meth:`~contract.types.Message.text`, metadata by name."""
     ns = vars(program.module)
     return [
         build_record(
             program.memory_unit,
-            f"{m.role}: {m.content}",
+            m.text(),
             ns,
             date=segment.date,
             role=m.role,

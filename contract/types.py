@@ -31,6 +31,12 @@ class Message:
     role: str
     content: str
 
+    def text(self) -> str:
+        """The message as ``"role: content"``: the one text of a message wherever it stands
+        for itself — an offline unit's text, the evidence the offline scorer compares retrieved
+        text with, a diagnostic's snippet, a diagnostic case's evidence line."""
+        return f"{self.role}: {self.content}"
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -43,7 +49,7 @@ class Segment:
     def render(self) -> str:
         """The segment as plain text: a header line, then one ``[id] role: content`` per message."""
         header = f"## Session {self.session_id}" + (f" ({self.date})" if self.date else "")
-        lines = [header] + [f"[{m.id}] {m.role}: {m.content}" for m in self.messages]
+        lines = [header] + [f"[{m.id}] {m.text()}" for m in self.messages]
         return "\n".join(lines)
 
     def digest(self) -> str:

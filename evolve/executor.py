@@ -109,11 +109,7 @@ def evaluate(
         items = []
         for trace in result.traces:
             q = by_id[trace.id]
-            evidence = [
-                f"{messages[e][1].role}: {messages[e][1].content}"
-                for e in q.evidence_ids
-                if e in messages
-            ]
+            evidence = [messages[e][1].text() for e in q.evidence_ids if e in messages]
             items.append(ScoreInput(q, evidence, trace.retrieved_text))
         for trace, item, scores in zip(result.traces, items, scorer.score(items), strict=True):
             if trace.error:  # a failed question scores 0 wherever it has a metric

@@ -16,15 +16,14 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 from contract.spec import CONTRACT_VERSION
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
+from evolve.files import write_atomic
 from sandbox.check import check_program
 
 TEST_SPLIT = "test"
@@ -99,17 +98,9 @@ def export(store: RunStore, candidate_id: str, out: Path, *, force: bool = False
     if not report.passed:
         raise ShipError(f"{store.run_id}/{meta.id} does not pass the sandbox: "
                         f"{report.repair_text()}")  # fmt: skip
-    try:
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:  # 0644: an exported program is meant to be shared
+        write_atomic(out, text.encode("utf-8"), mode=0o644)
     except OSError as exc:
-        raise ShipError(f"cannot write {out}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; an exported program is meant to be shared
-        os.replace(tmp, out)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise ShipError(f"cannot write {out}: {exc.strerror}") from None
     return text
 

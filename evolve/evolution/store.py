@@ -14,10 +14,10 @@ Invariants:
 
 - Only this module knows the layout: other code asks for :meth:`RunStore.source_path` and
   :meth:`RunStore.traces_path`.
-- Every file write is atomic: a temporary ``.tmp-*`` file in the same folder, fsync,
-  ``os.replace``, fsync of the folder. Readers see the old file or the new one, never a torn
-  one. A crash may leave a ``.tmp-*`` file or a ``.py`` without its ``.json``; neither is
-  ever read as a candidate.
+- Every file write is atomic and durable (:func:`evolve.files.write_atomic`: a temporary
+  ``.tmp-*`` file in the same folder, fsync, ``os.replace``, fsync of the folder). Readers see
+  the old file or the new one, never a torn one. A crash may leave a ``.tmp-*`` file or a
+  ``.py`` without its ``.json``; neither is ever read as a candidate.
 - A candidate exists iff its ``.json`` exists. :meth:`RunStore.add_candidate` writes the ``.py``,
   then the ``.json``, then the SQLite row, all before it returns.
 - The files are the truth and every read of a candidate goes to them. The ``candidates`` table
@@ -51,7 +51,6 @@ import json
 import os
 import re
 import sqlite3
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -70,6 +69,7 @@ from evolve.evolution.candidate import (
 )
 from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
 from evolve.evolution.scrub import scrub_secrets
+from evolve.files import write_atomic
 from evolve.models import damaged, is_corrupt, set_aside, why
 from evolve.trace import QuestionTrace, read_trace
 
@@ -112,24 +112,6 @@ _UPSERT = (
 
 
 # --- files --------------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # makes the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 def _dump(obj: Any) -> bytes:
@@ -175,7 +157,7 @@ class RunStore:
         with store._db():
             pass
         body = {**scrub_secrets(manifest), "run_id": run_id, "created": time.time()}
-        _write_atomic(root / "manifest.json", _dump(body))
+        write_atomic(root / "manifest.json", _dump(body))
         return store
 
     @classmethod
@@ -244,7 +226,7 @@ class RunStore:
             if existing.source_sha256 == sha:
                 problem = source_problem(path.with_suffix(".py"), existing)
                 if problem:
-                    _write_atomic(path.with_suffix(".py"), data)
+                    write_atomic(path.with_suffix(".py"), data)
                     damaged(f"{problem}: restored from the identical source")
                 return existing
         fields = dict(stage=stage, capability=capability, message=message, source_sha256=sha)
@@ -256,7 +238,7 @@ class RunStore:
         )
         number = self._claim_number()
         meta = draft.model_copy(update={"id": f"c{number:04d}-{sha[:8]}", "number": number})
-        _write_atomic(self._candidates / f"{meta.id}.py", data)
+        write_atomic(self._candidates / f"{meta.id}.py", data)
         self._write_meta(meta)
         return meta
 
@@ -296,7 +278,7 @@ class RunStore:
         """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
         lines = "".join(t.to_json() + "\n" for t in traces)
         path = self.traces_path(candidate_id, split)
-        _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
+        write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
 
     def traces(self, candidate_id: str, split: str) -> list[QuestionTrace]:
         """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
@@ -370,7 +352,7 @@ class RunStore:
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Replace ``state.json`` atomically; TypeError if ``state`` is not JSON."""
-        _write_atomic(self.root / "state.json", _dump(state))
+        write_atomic(self.root / "state.json", _dump(state))
 
     # --- internals ---
 
@@ -451,7 +433,7 @@ class RunStore:
 
     def _write_meta(self, meta: CandidateMeta) -> None:
         text = meta.model_dump_json(indent=2)
-        _write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
+        write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
         self._transact(lambda conn: conn.execute(_UPSERT, _row(meta, text)))
 
     def _in_sync(self) -> bool:
