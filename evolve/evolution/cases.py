@@ -13,7 +13,8 @@ Invariants: cases come from the train split only (the loop passes train traces a
 task set). Selection is deterministic: ``"worst"`` takes the lowest fitness
 (:func:`evolve.evolution.archive.fitness`, ties by question id); ``"random"`` (an ablation)
 draws with a seeded generator. With labels, a target capability selects the tasks whose
-primary or secondary label is that capability. At most :data:`MAX_EVIDENCE` evidence messages per case.
+primary or secondary label is that capability. At most :data:`MAX_EVIDENCE` evidence messages
+per case.
 """
 
 from __future__ import annotations

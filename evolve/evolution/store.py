@@ -67,10 +67,10 @@ from evolve.evolution.candidate import (
     read_meta,
     source_problem,
 )
-from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
-from evolve.evolution.scrub import scrub_secrets
 from evolve.files import write_atomic
 from evolve.models import damaged, is_corrupt, set_aside, why
+from evolve.scrub import REDACTED as REDACTED  # re-exported
+from evolve.scrub import scrub_secrets
 from evolve.trace import QuestionTrace, read_trace
 
 T = TypeVar("T")

@@ -19,7 +19,8 @@ Invariants:
   :class:`LLMError` with a one-line message.
 - API keys are never written: ModelConfig holds none (litellm reads them from the environment;
   a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
-  secret-named extra params are left out of the request hash, and error texts are redacted.
+  secret-named extra params are left out of the request hash, and error texts are redacted
+  (both by the rules of :mod:`evolve.scrub`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from evolve.models import sqlite_connection
+from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -144,19 +146,11 @@ def _as_messages(messages: list[Message] | str) -> list[Message]:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
 
 
-def _is_secret_name(name: str) -> bool:
-    lowered = name.lower()
-    return any(s in lowered for s in ("key", "secret", "password")) or lowered.endswith("token")
-
-
 def _redact(text: str, config: ModelConfig) -> str:
-    """One line, at most 500 characters, with environment and config secrets masked (values
-    under 8 characters are placeholders like ``"x"``, and masking them would garble the text)."""
-    secrets = [v for k, v in os.environ.items() if _is_secret_name(k)]
-    secrets += [str(v) for k, v in config.extra.items() if _is_secret_name(k)]
-    for secret in sorted((s for s in secrets if len(s) >= 8), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return " ".join(text.split())[:500]
+    """One line, at most 500 characters, with environment and config secrets masked as
+    ``***`` (:func:`evolve.scrub.mask_secrets`)."""
+    extra = [str(v) for k, v in config.extra.items() if is_secret_name(k)]
+    return " ".join(mask_secrets(text, secret_values(extra), "***").split())[:500]
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -395,7 +389,7 @@ class LLMClient:
         json_schema: dict[str, Any] | None,
         max_tokens: int,
     ) -> str:
-        extra = {k: v for k, v in config.extra.items() if not _is_secret_name(k)}
+        extra = {k: v for k, v in config.extra.items() if not is_secret_name(k)}
         payload = [config.model, messages, config.temperature, max_tokens, json_schema, extra]
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
