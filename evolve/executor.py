@@ -39,6 +39,7 @@ from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
 from evolve.distributed import Backend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
+from evolve.models.usage import by_role
 from evolve.scoring.answers import make_scorer
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
@@ -251,17 +252,11 @@ def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
     return total
 
 
-def _sum_usage(records: Any) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _sum_usage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per role: the :meth:`~evolve.models.usage.Tally.summary` and calls per stage label."""
+    out = {role: {**t.summary(), "stages": {}} for role, t in by_role(records).items()}
     for r in records:
-        row = out.setdefault(r["role"], {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                                         "cost_usd": 0.0, "cached_calls": 0})  # fmt: skip
-        row["calls"] += 1
-        row["prompt_tokens"] += r.get("prompt_tokens") or 0
-        row["completion_tokens"] += r.get("completion_tokens") or 0
-        row["cost_usd"] += r.get("cost_usd") or 0.0
-        row["cached_calls"] += 1 if r.get("cached") else 0
-        stages = row.setdefault("stages", {})
+        stages = out[r["role"]]["stages"]
         stages[r["stage"]] = stages.get(r["stage"], 0) + 1
     return out
 

@@ -48,6 +48,7 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from evolve.models import sqlite_connection
+from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -300,27 +301,9 @@ class LLMClient:
 
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
         """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
-        cached_calls, errors."""
-        summary: dict[str, dict[str, float | int]] = {}
-        for r in self._records:
-            row = summary.setdefault(
-                r.role,
-                {
-                    "calls": 0,
-                    "prompt_tokens": 0,
-                    "completion_tokens": 0,
-                    "cost_usd": 0.0,
-                    "cached_calls": 0,
-                    "errors": 0,
-                },
-            )
-            row["calls"] += 1
-            row["prompt_tokens"] += r.prompt_tokens
-            row["completion_tokens"] += r.completion_tokens
-            row["cost_usd"] += r.cost_usd or 0.0
-            row["cached_calls"] += int(r.cached)
-            row["errors"] += int(r.error is not None)
-        return summary
+        cached_calls, errors, summed by :class:`~evolve.models.usage.Tally`."""
+        tallies = by_role(asdict(r) for r in self._records)
+        return {role: tally.summary() for role, tally in tallies.items()}
 
     @property
     def records(self) -> tuple[UsageRecord, ...]:
