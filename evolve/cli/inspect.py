@@ -43,7 +43,6 @@ from evolve.cli.common import (
     UsageError,
     add_runs_dir,
     err,
-    fmt_score,
     out,
     positive_int,
 )
@@ -57,6 +56,7 @@ from evolve.evolution.store import (
     RunNotFound,
     RunStore,
 )
+from evolve.scoring import fmt_score
 
 CANDIDATE_HELP = (
     "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "

@@ -44,6 +44,7 @@ from contract import spec
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.proposer import Program, Proposal, Request
 from evolve.models.llm import LLMClient, Message
+from evolve.scoring import fmt_score
 from sandbox.static import ALLOWED_IMPORTS
 
 MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program
@@ -144,7 +145,7 @@ def _score_table(scores: dict[str, Any], split: str) -> str:
         if not row:
             continue
         label = name if name == "overall" else f"{name} {CAPABILITY_NAMES[name]}"
-        values = [f"{row[m]:.3f}" if isinstance(row.get(m), float) else "—" for m in METRICS]
+        values = [fmt_score(row.get(m)) for m in METRICS]
         lines.append(f"| {label} | {row.get('n', 0)} | {' | '.join(values)} |")
     return "\n".join(lines)
 
@@ -197,11 +198,7 @@ def _diagnostics(table: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]  # fmt: skip
     for group, row in table.items():
         values = [
-            "—"
-            if row.get(k) is None
-            else f"{row[k]:.3f}"
-            if k.startswith("d_")
-            else f"{row[k]:,.0f}"
+            fmt_score(row.get(k)) if row.get(k) is None or k.startswith("d_") else f"{row[k]:,.0f}"
             for k in keys
         ]
         lines.append(f"| {group} | {' | '.join(values)} |")
