@@ -5,8 +5,8 @@ Invariants:
   are strings, unique within a conversation.
 - A ``Segment`` is one session of a history in source order, with its date when the benchmark
   gives one (ISO ``YYYY-MM-DD`` when parseable, otherwise the benchmark's own text).
-- :func:`content_digest` is the one content hash of these values (and of the conversations
-  built from them in :mod:`evolve.datasets.types`).
+- :func:`content_digest` is the one content hash of these values (:meth:`Segment.digest` keys
+  the extraction cache).
 """
 
 from __future__ import annotations
