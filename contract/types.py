@@ -1,4 +1,4 @@
-"""What a memory program receives: ``Segment`` / ``Message`` and the ``Backend`` it is given.
+"""What a memory program receives: ``Segment`` / ``Message`` and the ``MemoryBackend`` it is given.
 
 Invariants:
 - ``Segment`` and ``Message`` are frozen; a memory program receives them read-only. Message ids
@@ -65,7 +65,7 @@ class BackendError(RuntimeError):
     """A program asked the backend for something it cannot give (no LLM, budget spent)."""
 
 
-class Backend(Protocol):
+class MemoryBackend(Protocol):
     """What ``Memory.__init__`` receives."""
 
     dim: int

@@ -37,7 +37,7 @@ from typing import Any
 from contract.spec import COMPONENTS
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
-from evolve.distributed import Backend, die_with_parent, make_backend
+from evolve.distributed import JobBackend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
 from evolve.models.usage import by_role
 from evolve.scoring.answers import make_scorer
@@ -80,7 +80,7 @@ def evaluate(
     hit_threshold: float | None = None,
     on_progress: ProgressFn | None = None,
     judge: LLMClient | None = None,
-    backend: Backend | None = None,
+    backend: JobBackend | None = None,
 ) -> EvalReport:
     """Run every stage for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
@@ -192,7 +192,7 @@ def check_file(path: Path) -> CheckedProgram:
 
 
 def _run_jobs(
-    backend: Backend,
+    backend: JobBackend,
     program: CheckedProgram,
     tasks: TaskSet,
     config: WorkerConfig,

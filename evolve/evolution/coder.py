@@ -42,7 +42,7 @@ from typing import Any
 
 from contract import spec
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution.proposer import Program, Proposal, Request
+from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.models.llm import LLMClient, Message
 from evolve.scoring import fmt_score
 from sandbox.static import ALLOWED_IMPORTS
@@ -212,7 +212,7 @@ def _diagnostics(table: dict[str, Any]) -> str:
     )
 
 
-def _diff(old: Program, new: Program) -> str:
+def _diff(old: CandidateView, new: CandidateView) -> str:
     lines = difflib.unified_diff(old.source.splitlines(), new.source.splitlines(),
                                  old.id, new.id, lineterm="", n=2)  # fmt: skip
     text = "\n".join(lines)
@@ -231,13 +231,13 @@ def _differential(n: int, case: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def _source(label: str, prog: Program) -> str:
+def _source(label: str, prog: CandidateView) -> str:
     return f"## {label} ({prog.id})\n```python\n{prog.source}\n```"
 
 
 def render_request(
     request: Request,
-    specialist: Program | None = None,
+    specialist: CandidateView | None = None,
     diagnosis: str | None = None,
     ask_diagnosis: bool = False,
 ) -> str:
@@ -282,7 +282,7 @@ def render_request(
     return "\n\n".join(parts)
 
 
-def _specialty(request: Request, specialist: Program) -> str | None:
+def _specialty(request: Request, specialist: CandidateView) -> str | None:
     """The capability on which ``specialist`` beats the parent most (train)."""
     mine = specialist.scores.get("train", {}).get("by_capability", {})
     theirs = request.parent.scores.get("train", {}).get("by_capability", {})

@@ -1,6 +1,6 @@
 """A run seen from outside: JSON-ready summaries of runs, candidates and their ancestry.
 
-Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.ship`). Nothing
+Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.export`). Nothing
 here writes to a run. Everything is derived from the store on each call — best overall and
 specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own selection),
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
