@@ -78,14 +78,14 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
 
 
 def worker_config(
-    config: RunConfig, run_root: Path, stage_label: str, **changes: Any
+    config: RunConfig, run_root: Path, call_prefix: str, **changes: Any
 ) -> WorkerConfig:
     """What the evaluation workers of a run need (the one place it is built from a config):
     the run's cache, task model and embedder; LLM calls go to the run's call log, so they
     count in its spend. ``changes`` override fields (``cache_dir``, ``embedder``, ...)."""
     fields: dict[str, Any] = {
         "cache_dir": config.cache_dir, "task_model": config.task_model,
-        "embedder": config.embedder, "stage_label": stage_label,
+        "embedder": config.embedder, "call_prefix": call_prefix,
         "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
     }  # fmt: skip
     return WorkerConfig(**{**fields, **changes})

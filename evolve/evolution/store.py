@@ -57,7 +57,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evolve.evolution.candidate import STAGES as STAGES  # re-exported
 from evolve.evolution.candidate import STATUSES as STATUSES  # re-exported
 from evolve.evolution.candidate import (
     CandidateMeta,

@@ -132,7 +132,8 @@ class UsageRecord:
 
     ts: float
     role: str
-    stage: str
+    stage: str  # the call's label ("eval/extract", "cold_start/propose"); column ``stage`` of
+    # calls.sqlite: not a pipeline component, not an evolution stage
     model: str
     prompt_tokens: int
     completion_tokens: int
