@@ -45,12 +45,12 @@ from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.models.llm import LLMClient, Message
 from evolve.scoring import fmt_score
+from evolve.scoring.offline import METRICS
 from sandbox.static import ALLOWED_IMPORTS
 
 MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program
 DIAGNOSIS_TOKENS = 400
 DIFF_CHARS = 6_000  # per side of an integration diff
-METRICS = ("evidence_similarity", "evidence_hit_rate", "evidence_recall", "answer_recall")
 
 _BLOCK = re.compile(
     r"^<{5,9} ?SEARCH[ \t]*\r?\n(.*?)^={5,9}[ \t]*\r?\n(.*?)^>{5,9} ?REPLACE[ \t]*$",
