@@ -25,7 +25,7 @@ from contract.types import ContractError
 
 
 @dataclass
-class Program:
+class LoadedProgram:
     """A loaded program: its module, source and content hash."""
 
     source: str
@@ -61,7 +61,7 @@ def load_program(
     path: str = "<program>",
     builtins: dict[str, Any] | None = None,
     shapes: bool = True,
-) -> Program:
+) -> LoadedProgram:
     """Execute ``source`` as a fresh module and check what the contract requires: the names
     (:func:`check_names`) and, unless ``shapes`` is False, :func:`check_shapes`.
 
@@ -84,14 +84,14 @@ def load_program(
     except Exception as exc:
         sys.modules.pop(name, None)
         raise ContractError(f"module failed to load: {type(exc).__name__}: {exc}") from None
-    program = Program(source=source, module=module, path=path)
+    program = LoadedProgram(source=source, module=module, path=path)
     check_names(program)
     if shapes:
         check_shapes(program)
     return program
 
 
-def check_names(program: Program) -> None:
+def check_names(program: LoadedProgram) -> None:
     """The required names exist with the right kinds (instructions, dataclasses, a class)."""
     for name in INSTRUCTIONS.values():
         value = program.get(name)
@@ -105,7 +105,7 @@ def check_names(program: Program) -> None:
         raise ContractError(f"{MEMORY} must be a class")
 
 
-def check_shapes(program: Program) -> None:
+def check_shapes(program: LoadedProgram) -> None:
     """Dataclass field types and the signatures of Memory's methods and of any hooks."""
     import inspect
 
@@ -135,14 +135,15 @@ def _check_signature(label: str, fn: Any, params: list[str], inspect: Any) -> No
         raise ContractError(f"{label} must accept ({', '.join(params)}); found {sig}")
 
 
-def offline_units(program: Program, segment: Any) -> list[Any]:
+def offline_units(program: LoadedProgram, segment: Any) -> list[Any]:
     """Offline extraction's stand-in: one ``MemoryUnit`` per message of ``segment`` (any object
-    with ``messages``, ``date`` and ``session_id``), text ``"role: content"``, metadata by name."""
+    with ``date``, ``session_id`` and :class:`~contract.types.Message` ``messages``), text
+    :meth:`~contract.types.Message.text`, metadata by name."""
     ns = vars(program.module)
     return [
         build_record(
             program.memory_unit,
-            f"{m.role}: {m.content}",
+            m.text(),
             ns,
             date=segment.date,
             role=m.role,

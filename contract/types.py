@@ -1,12 +1,12 @@
-"""What a memory program receives: ``Segment`` / ``Message`` and the ``Backend`` it is given.
+"""What a memory program receives: ``Segment`` / ``Message`` and the ``MemoryBackend`` it is given.
 
 Invariants:
 - ``Segment`` and ``Message`` are frozen; a memory program receives them read-only. Message ids
   are strings, unique within a conversation.
 - A ``Segment`` is one session of a history in source order, with its date when the benchmark
   gives one (ISO ``YYYY-MM-DD`` when parseable, otherwise the benchmark's own text).
-- :func:`content_digest` is the one content hash of these values (and of the conversations
-  built from them in :mod:`evolve.datasets.types`).
+- :func:`content_digest` is the one content hash of these values (:meth:`Segment.digest` keys
+  the extraction cache).
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ class Message:
     role: str
     content: str
 
+    def text(self) -> str:
+        """The message as ``"role: content"``: the one text of a message wherever it stands
+        for itself — an offline unit's text, the evidence the offline scorer compares retrieved
+        text with, a diagnostic's snippet, a diagnostic case's evidence line."""
+        return f"{self.role}: {self.content}"
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -43,7 +49,7 @@ class Segment:
     def render(self) -> str:
         """The segment as plain text: a header line, then one ``[id] role: content`` per message."""
         header = f"## Session {self.session_id}" + (f" ({self.date})" if self.date else "")
-        lines = [header] + [f"[{m.id}] {m.role}: {m.content}" for m in self.messages]
+        lines = [header] + [f"[{m.id}] {m.text()}" for m in self.messages]
         return "\n".join(lines)
 
     def digest(self) -> str:
@@ -59,7 +65,7 @@ class BackendError(RuntimeError):
     """A program asked the backend for something it cannot give (no LLM, budget spent)."""
 
 
-class Backend(Protocol):
+class MemoryBackend(Protocol):
     """What ``Memory.__init__`` receives."""
 
     dim: int

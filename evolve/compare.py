@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from evolve.datasets.types import CAPABILITIES, TaskSet
-from evolve.distributed import Backend
+from evolve.distributed import JobBackend
 from evolve.evolution.archive import fitness
 from evolve.executor import ProgressFn, evaluate
 from evolve.models.llm import LLMClient
@@ -46,7 +46,7 @@ def compare_programs(
     tasks: TaskSet,
     config: WorkerConfig,
     *,
-    backend: Backend,
+    backend: JobBackend,
     judge: LLMClient | None = None,
     on_progress: ProgressFn | None = None,
 ) -> list[dict[str, Any]]:

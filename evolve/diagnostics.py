@@ -70,7 +70,7 @@ def question_diagnostics(
         if e not in messages:
             continue
         segment, message = messages[e]
-        snippet = f"{message.role}: {message.content}"
+        snippet = message.text()
         units = [unit_text(u) for u in units_of(index[segment.session_id]) or []]
         lengths += [len(u) for u in units]
         ext.append(_best(embedder, snippet, units))

@@ -1,6 +1,6 @@
 """Where evaluation jobs run: the local loky pool (default) or a Ray cluster (``--backend ray``).
 
-Owns :data:`BACKENDS`, :class:`Backend` and :func:`make_backend`. The executor submits one job
+Owns :data:`BACKENDS`, :class:`JobBackend` and :func:`make_backend`. The executor submits one job
 per conversation (:func:`evolve.session.run_conversation`) to a backend's ``executor`` and reads
 ``concurrent.futures.Future`` results; nothing else about a job depends on where it runs.
 
@@ -45,19 +45,19 @@ class JobExecutor(Protocol):
 
 
 @dataclass(frozen=True)
-class Backend:
+class JobBackend:
     name: str
     executor: JobExecutor
     live_progress: bool  # workers can report each question as it finishes
 
 
-def make_backend(name: str, jobs: int, address: str | None = None) -> Backend:
+def make_backend(name: str, jobs: int, address: str | None = None) -> JobBackend:
     """The backend ``name`` with ``jobs`` concurrent workers (Ray: tasks in flight are limited
     by the cluster's CPUs, not by ``jobs``)."""
     if name == "local":
-        return Backend("local", _loky(jobs), live_progress=True)
+        return JobBackend("local", _loky(jobs), live_progress=True)
     if name == "ray":
-        return Backend("ray", RayExecutor(address), live_progress=False)
+        return JobBackend("ray", RayExecutor(address), live_progress=False)
     raise ValueError(f"unknown backend {name!r}; backends are {', '.join(BACKENDS)}")
 
 

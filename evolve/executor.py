@@ -37,8 +37,9 @@ from typing import Any
 from contract.spec import COMPONENTS
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
-from evolve.distributed import Backend, die_with_parent, make_backend
+from evolve.distributed import JobBackend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
+from evolve.models.usage import by_role
 from evolve.scoring.answers import make_scorer
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
@@ -79,7 +80,7 @@ def evaluate(
     hit_threshold: float | None = None,
     on_progress: ProgressFn | None = None,
     judge: LLMClient | None = None,
-    backend: Backend | None = None,
+    backend: JobBackend | None = None,
 ) -> EvalReport:
     """Run every stage for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
@@ -109,11 +110,7 @@ def evaluate(
         items = []
         for trace in result.traces:
             q = by_id[trace.id]
-            evidence = [
-                f"{messages[e][1].role}: {messages[e][1].content}"
-                for e in q.evidence_ids
-                if e in messages
-            ]
+            evidence = [messages[e][1].text() for e in q.evidence_ids if e in messages]
             items.append(ScoreInput(q, evidence, trace.retrieved_text))
         for trace, item, scores in zip(result.traces, items, scorer.score(items), strict=True):
             if trace.error:  # a failed question scores 0 wherever it has a metric
@@ -195,7 +192,7 @@ def check_file(path: Path) -> CheckedProgram:
 
 
 def _run_jobs(
-    backend: Backend,
+    backend: JobBackend,
     program: CheckedProgram,
     tasks: TaskSet,
     config: WorkerConfig,
@@ -255,17 +252,11 @@ def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
     return total
 
 
-def _sum_usage(records: Any) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _sum_usage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per role: the :meth:`~evolve.models.usage.Tally.summary` and calls per stage label."""
+    out = {role: {**t.summary(), "stages": {}} for role, t in by_role(records).items()}
     for r in records:
-        row = out.setdefault(r["role"], {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                                         "cost_usd": 0.0, "cached_calls": 0})  # fmt: skip
-        row["calls"] += 1
-        row["prompt_tokens"] += r.get("prompt_tokens") or 0
-        row["completion_tokens"] += r.get("completion_tokens") or 0
-        row["cost_usd"] += r.get("cost_usd") or 0.0
-        row["cached_calls"] += 1 if r.get("cached") else 0
-        stages = row.setdefault("stages", {})
+        stages = out[r["role"]]["stages"]
         stages[r["stage"]] = stages.get(r["stage"], 0) + 1
     return out
 

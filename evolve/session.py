@@ -97,7 +97,7 @@ class ConversationSession:
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)
         self.service = BackendService(
-            self.embedder, self.llm, config.stage_label, config.max_complete_calls
+            self.embedder, self.llm, config.call_prefix, config.max_complete_calls
         )
         self.counters = {
             c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0}
@@ -198,7 +198,7 @@ class ConversationSession:
 
         prompt = prompts.extraction_prompt(self.source, wrapper, window)
         return self.llm.complete_json(
-            "task", f"{self.config.stage_label}/extract", prompt, wrapper, validate
+            "task", f"{self.config.call_prefix}/extract", prompt, wrapper, validate
         )
 
     def ensure_memory(self) -> None:
@@ -293,7 +293,7 @@ class ConversationSession:
             prompt = prompts.planning_prompt(self.source, schema, q)
             record = self.llm.complete_json(
                 "task",
-                f"{self.config.stage_label}/plan",
+                f"{self.config.call_prefix}/plan",
                 prompt,
                 schema,
                 lambda d: conform(schema, d),
@@ -337,7 +337,7 @@ class ConversationSession:
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None
         prompt = prompts.answer_prompt(self.source, retrieved, q)
-        return self.llm.complete("task", f"{self.config.stage_label}/answer", prompt).text
+        return self.llm.complete("task", f"{self.config.call_prefix}/answer", prompt).text
 
 
 def run_conversation(

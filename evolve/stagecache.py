@@ -5,21 +5,19 @@ Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerp
 1. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
    the model signature, the evaluator version and a digest of the input data, so a key changes
    whenever anything that could change the output changes.
-2. :class:`StageStore` — an on-disk store of stage outputs written atomically (tmp + rename).
-   Memory state is stored as the bytes of :mod:`contract.state` (pickled and unpickled only in
-   the sandbox host). Failures are never stored. Every
-   read checks the shape of what it reads (:data:`SHAPES`: extract a list of unit records, plan
-   a query record, retrieve the retrieval record, answer a string; index state a complete
-   pickle stream): an entry that fails is a miss, reported to ``on_invalid``, recomputed by the
-   caller and overwritten.
+2. :class:`StageStore` — an on-disk store of stage outputs, each written by
+   :func:`evolve.files.write_atomic`. Memory state is stored as the bytes of
+   :mod:`contract.state` (pickled and unpickled only in the sandbox host). Failures are never
+   stored. Every read checks the shape of what it reads (:data:`SHAPES`: extract a list of unit
+   records, plan a query record, retrieve the retrieval record, answer a string; index state a
+   complete pickle stream): an entry that fails is a miss, reported to ``on_invalid``,
+   recomputed by the caller and overwritten.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pickletools
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from evolve.files import write_atomic
 from sandbox.fingerprint import digest
 
 
@@ -163,11 +162,4 @@ class StageStore:
         if self._own is not None:
             self._own.add(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, data)

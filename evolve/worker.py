@@ -29,7 +29,7 @@ class WorkerConfig:
     cache_dir: str
     task_model: ModelConfig | None
     embedder: str = "minilm"  # "minilm" or "hashing" (test double, chosen explicitly)
-    stage_label: str = "eval"
+    call_prefix: str = "eval"  # task-model calls are labelled "<call_prefix>/extract", ...
     max_complete_calls: int = 8
     step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)

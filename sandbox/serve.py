@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from contract.program import Program, check_shapes, load_program, offline_units
+from contract.program import LoadedProgram, check_shapes, load_program, offline_units
 from contract.records import build_record, json_schema, validate_record
 from contract.spec import OUT_CHAR_BUDGET
 from contract.state import dump_state, load_state
@@ -72,7 +72,7 @@ class Server:
         self.out = out
         self.recv = recv
         self.builtins = builtins
-        self.program: Program | None = None
+        self.program: LoadedProgram | None = None
         self.memory: Any = None
         self.backend: RemoteBackend | None = None
 
@@ -108,7 +108,7 @@ class Server:
 
     # -- loading and the tiers -------------------------------------------------------------
 
-    def _program(self) -> Program:
+    def _program(self) -> LoadedProgram:
         if self.program is None:
             raise RuntimeError("no program loaded")
         return self.program

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from contract.program import Program, offline_units
+from contract.program import LoadedProgram, offline_units
 from contract.records import build_record
 from contract.spec import OUT_CHAR_BUDGET
 from contract.types import BackendError, Message, Segment
@@ -111,7 +111,7 @@ class StubBackend:
 
 
 def synthetic_session(
-    program: Program, session: int, n_units: int, seed: int
+    program: LoadedProgram, session: int, n_units: int, seed: int
 ) -> tuple[list[Any], Segment]:
     rng = random.Random(seed)
     date = f"2024-{1 + session // 28 % 12:02d}-{1 + session % 28:02d}"
@@ -128,7 +128,7 @@ def synthetic_session(
     return units, segment
 
 
-def _query(program: Program, text: str) -> Any:
+def _query(program: LoadedProgram, text: str) -> Any:
     return build_record(program.query, text, vars(program.module))
 
 
@@ -159,7 +159,7 @@ def _check_backend(backend: StubBackend, before: tuple[Any, ...]) -> None:
         raise TierError("Memory modified the backend it was given; treat it as read-only")
 
 
-def smoke_tier(program: Program) -> dict[str, Any]:
+def smoke_tier(program: LoadedProgram) -> dict[str, Any]:
     backend = StubBackend(SMOKE_DIM)
     before = _backend_state(backend)
     memory = program.get("Memory")(backend)
@@ -171,7 +171,7 @@ def smoke_tier(program: Program) -> dict[str, Any]:
     return {"retrieved_chars": len(text), "embed_calls": _METERS.pop(id(backend)).embed_calls}
 
 
-def _probe_run(program: Program, n_units: int, n_batches: int) -> dict[str, float]:
+def _probe_run(program: LoadedProgram, n_units: int, n_batches: int) -> dict[str, float]:
     _collect()  # the previous run's garbage is not this run's work
     backend = StubBackend(PROBE_DIM)
     before = _backend_state(backend)
@@ -189,7 +189,7 @@ def _probe_run(program: Program, n_units: int, n_batches: int) -> dict[str, floa
     return {"cpu_s": round(cpu, 4), "embed_calls": meter.embed_calls, "texts": meter.texts}
 
 
-def probe_tier(program: Program, params: dict[str, Any]) -> dict[str, Any]:
+def probe_tier(program: LoadedProgram, params: dict[str, Any]) -> dict[str, Any]:
     units = int(params.get("units", PROBE_UNITS))
     batches = int(params.get("batches", PROBE_BATCHES))
     started = _wall()

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from contract.program import Program, load_program, offline_units
+from contract.program import LoadedProgram, load_program, offline_units
 from contract.records import build_record
 from contract.spec import OUT_CHAR_BUDGET
 from contract.state import dump_state, load_state
@@ -49,7 +49,7 @@ class BagOfWords:
         return self.replies.pop(0)
 
 
-def program(**constants: Any) -> Program:
+def program(**constants: Any) -> LoadedProgram:
     loaded = load_program(SEED.read_text(), str(SEED))
     for name, value in constants.items():
         assert name in vars(loaded.module), name
@@ -61,14 +61,14 @@ def session(sid: str, date: str | None, *texts: str, role: str = "user") -> Segm
     return Segment(sid, date, tuple(Message(f"{sid}-{i}", role, t) for i, t in enumerate(texts)))
 
 
-def build(prog: Program, backend: BagOfWords, *segments: Segment) -> Any:
+def build(prog: LoadedProgram, backend: BagOfWords, *segments: Segment) -> Any:
     memory = prog.get("Memory")(backend)
     for segment in segments:
         assert memory.index(offline_units(prog, segment), segment) is None
     return memory
 
 
-def ask(prog: Program, memory: Any, question: str) -> str:
+def ask(prog: LoadedProgram, memory: Any, question: str) -> str:
     text = memory.retrieve(build_record(prog.query, question, vars(prog.module)))
     assert isinstance(text, str) and len(text) <= OUT_CHAR_BUDGET
     return text

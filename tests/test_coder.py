@@ -20,7 +20,7 @@ from evolve.config import REPAIRS
 from evolve.evolution.budget import calls_path, read_spend
 from evolve.evolution.coder import PatchError, apply_reply, render_request, system_prompt
 from evolve.evolution.loop import Evolution, RunConfig, specialists
-from evolve.evolution.proposer import Program, Request
+from evolve.evolution.proposer import CandidateView, Request
 from evolve.evolution.store import RunStore
 from evolve.models.llm import LLMError
 from evolve.models.testing import ScriptedLLM
@@ -130,7 +130,7 @@ def test_prompt_shows_contract_train_scores_cases_and_never_valid():
             "reference_answer": "In May", "evidence": ["[2024-05-01] user: it was May"],
             "query": {"text": "When?"}, "retrieved": "nothing", "retrieved_chars": 7,
             "answer": None, "scores": {"evidence_similarity": 0.1}, "error": None}  # fmt: skip
-    request = Request("refinement", 1, Program("c0001-abcdef12", HYBRID, scores), "T",
+    request = Request("refinement", 1, CandidateView("c0001-abcdef12", HYBRID, scores), "T",
                       cases=(case,))  # fmt: skip
     text = render_request(request)
     assert "temporal tracking" in text and "it was May" in text and "0.500" in text

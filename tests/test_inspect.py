@@ -17,8 +17,8 @@ import pytest
 from contract.spec import CONTRACT_VERSION
 from evolve.cli.main import main
 from evolve.evolution.archive import fitness
+from evolve.evolution.export import HEADER_MARK, split_preamble
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
-from evolve.evolution.ship import HEADER_MARK, split_preamble
 from evolve.evolution.store import RunStore
 from sandbox.check import check_program
 from sandbox.fingerprint import fingerprints

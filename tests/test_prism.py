@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from contract.program import Program, load_program, offline_units
+from contract.program import LoadedProgram, load_program, offline_units
 from contract.state import dump_state, load_state
 from contract.types import BackendError, Message, Segment
 from sandbox.check import check_program
@@ -67,16 +67,16 @@ class FakeBackend:
 
 
 @pytest.fixture(scope="module")
-def program() -> Program:
+def program() -> LoadedProgram:
     return load_program(PATH.read_text(), str(PATH))
 
 
-def fresh(program: Program) -> Program:
+def fresh(program: LoadedProgram) -> LoadedProgram:
     """A separate module, so a test may change its constants."""
     return load_program(PATH.read_text(), str(PATH))
 
 
-def session(program: Program, sid: str, day: str, *texts: str) -> tuple[list[Any], Segment]:
+def session(program: LoadedProgram, sid: str, day: str, *texts: str) -> tuple[list[Any], Segment]:
     """Offline units, as the executor builds them: one per message, role and date filled."""
     messages = tuple(Message(f"{sid}-{i}", "user", text) for i, text in enumerate(texts))
     segment = Segment(sid, day, messages)
@@ -84,11 +84,11 @@ def session(program: Program, sid: str, day: str, *texts: str) -> tuple[list[Any
     return units, segment
 
 
-def query(program: Program, text: str, **fields: Any) -> Any:
+def query(program: LoadedProgram, text: str, **fields: Any) -> Any:
     return program.query(text=text, **fields)
 
 
-def distractors(program: Program, memory: Any, n: int = 12) -> None:
+def distractors(program: LoadedProgram, memory: Any, n: int = 12) -> None:
     """n one-message sessions in January 2024 that share only the word 'i' with the queries."""
     for k in range(n):
         words = " ".join(f"w{k}x{j}" for j in range(16))
@@ -98,7 +98,7 @@ def distractors(program: Program, memory: Any, n: int = 12) -> None:
 # -- N1 and N2: relation bridges ------------------------------------------------------------
 
 
-def build_temporal(program: Program) -> Any:
+def build_temporal(program: LoadedProgram) -> Any:
     memory = program.get("Memory")(FakeBackend())
     distractors(program, memory)
     memory.index(*session(program, "a", "2024-06-01", "when did i buy the violin"))
@@ -106,28 +106,28 @@ def build_temporal(program: Program) -> Any:
     return memory
 
 
-def test_temporal_bridge_reaches_the_next_episode(program: Program) -> None:
+def test_temporal_bridge_reaches_the_next_episode(program: LoadedProgram) -> None:
     text = build_temporal(program).retrieve(query(program, "When did I buy the violin?"))
     assert "when did i buy the violin" in text
     assert "qqz rrk plonk vext" in text  # no word in common with the question
     assert "2024-06-02" in text and len(text) <= program.get("OUT_CHAR_BUDGET")
 
 
-def test_temporal_bridge_needs_the_relation_paths(program: Program) -> None:
+def test_temporal_bridge_needs_the_relation_paths(program: LoadedProgram) -> None:
     off = fresh(program)
     off.module.RELATION_PATHS = False
     text = build_temporal(off).retrieve(query(off, "When did I buy the violin?"))
     assert "when did i buy the violin" in text and "qqz rrk plonk vext" not in text
 
 
-def test_temporal_discount_follows_the_intent(program: Program) -> None:
+def test_temporal_discount_follows_the_intent(program: LoadedProgram) -> None:
     """Without a temporal trigger the chain edge costs full price and the bridge loses."""
     text = build_temporal(program).retrieve(query(program, "Did I buy the violin?"))
     assert "buy the violin" in text and "qqz rrk plonk vext" not in text
 
 
-def test_evolution_bridge_reaches_an_old_episode_of_the_same_entity(program: Program) -> None:
-    def build(prog: Program) -> Any:
+def test_evolution_bridge_reaches_an_old_episode_of_the_same_entity(program: LoadedProgram) -> None:
+    def build(prog: LoadedProgram) -> Any:
         memory = prog.get("Memory")(FakeBackend())
         memory.index(*session(prog, "old", "2023-05-01", "zzq Marcello brv kloo"))
         distractors(prog, memory)
@@ -141,10 +141,10 @@ def test_evolution_bridge_reaches_an_old_episode_of_the_same_entity(program: Pro
     assert "zzq Marcello brv kloo" not in build(off).retrieve(query(off, "When did I buy it?"))
 
 
-def test_temporal_bridge_between_dated_facts(program: Program) -> None:
+def test_temporal_bridge_between_dated_facts(program: LoadedProgram) -> None:
     """Facts with explicit dates are linked to the nearest dated facts before and after."""
 
-    def build(prog: Program) -> Any:
+    def build(prog: LoadedProgram) -> Any:
         memory = prog.get("Memory")(FakeBackend())
         memory.index(*session(prog, "old", "2023-05-01", "zzq brv kloo on March 4, 2024"))
         distractors(prog, memory)
@@ -162,7 +162,7 @@ def test_temporal_bridge_between_dated_facts(program: Program) -> None:
 # -- N4: intent routing -------------------------------------------------------------------------
 
 
-def test_keyword_tier_routes_when_and_before_questions(program: Program) -> None:
+def test_keyword_tier_routes_when_and_before_questions(program: LoadedProgram) -> None:
     backend = FakeBackend(script=lambda prompt: pytest.fail("the keyword tier needs no LLM"))
     memory = program.get("Memory")(backend)
     memory.calls_left = backend.max_complete_calls
@@ -175,7 +175,7 @@ def test_keyword_tier_routes_when_and_before_questions(program: Program) -> None
 
 
 def test_llm_tier_scores_intents_and_multi_hop_suppresses_entity_centric(
-    program: Program,
+    program: LoadedProgram,
 ) -> None:
     reply = {"temporal": 0.1, "causal": 0.3, "multi_hop": 0.9, "entity_centric": 0.6}
     backend = FakeBackend(script=lambda prompt: "Scores: " + json.dumps(reply))
@@ -199,7 +199,7 @@ def unit_vector(cos: float, axis: int = 0) -> np.ndarray:
     return v
 
 
-def test_entities_merge_at_cosine_090(program: Program) -> None:
+def test_entities_merge_at_cosine_090(program: LoadedProgram) -> None:
     vectors = {
         "Alpha Centauri": unit_vector(1.0),
         "Alpha Centaurus": unit_vector(0.91),
@@ -221,7 +221,7 @@ def test_entities_merge_at_cosine_090(program: Program) -> None:
     assert sorted(names) == ["Alpha Centauri", "Alpha Station", "Gamma Ray"]
 
 
-def test_offline_graph_layers_and_stored_state(program: Program) -> None:
+def test_offline_graph_layers_and_stored_state(program: LoadedProgram) -> None:
     backend = FakeBackend()
     memory = program.get("Memory")(backend)
     texts = [f"day {i}: tour k{i}a k{i}b k{i}c of Lisbon on March {i + 1}, 2024" for i in range(6)]
@@ -247,7 +247,7 @@ def test_offline_graph_layers_and_stored_state(program: Program) -> None:
 # -- the LLM path -------------------------------------------------------------------------------
 
 
-def llm_unit(program: Program, k: int) -> Any:
+def llm_unit(program: LoadedProgram, k: int) -> Any:
     return program.memory_unit(
         summary=f"Episode {k}: the user repaired bike number {k} with Dora",
         date="2024-02-01",
@@ -277,7 +277,7 @@ def script(prompt: str) -> str:
     return '{"temporal": 0.0, "causal": 0.0, "multi_hop": 0.0, "entity_centric": 0.0}'
 
 
-def test_llm_units_causal_induction_and_rerank(program: Program) -> None:
+def test_llm_units_causal_induction_and_rerank(program: LoadedProgram) -> None:
     backend = FakeBackend(script=script, max_complete_calls=2)
     memory = program.get("Memory")(backend)
     units = [llm_unit(program, k) for k in range(6)]
@@ -300,7 +300,7 @@ def test_llm_units_causal_induction_and_rerank(program: Program) -> None:
     assert text.count("Dora lent the user") == program.get("RERANK_M")
 
 
-def test_small_bundle_skips_the_rerank(program: Program) -> None:
+def test_small_bundle_skips_the_rerank(program: LoadedProgram) -> None:
     backend = FakeBackend(script=script)
     memory = program.get("Memory")(backend)
     memory.index([llm_unit(program, k) for k in range(3)], Segment("1", "2024-02-10", ()))
@@ -323,7 +323,7 @@ def sheet(doc: str) -> dict[str, str]:
     return out
 
 
-def test_parameter_sheet_matches_the_constants(program: Program) -> None:
+def test_parameter_sheet_matches_the_constants(program: LoadedProgram) -> None:
     rows = sheet(program.module.__doc__ or "")
     constants = {
         name: value

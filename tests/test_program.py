@@ -12,7 +12,7 @@ from typing import Optional
 
 import pytest
 
-from contract.program import Program, check_names, check_shapes, load_program
+from contract.program import LoadedProgram, check_names, check_shapes, load_program
 from contract.records import (
     FieldSpec,
     RecordError,
@@ -58,7 +58,7 @@ BASE = textwrap.dedent(
 )
 
 
-def _load_seed(name: str) -> Program:
+def _load_seed(name: str) -> LoadedProgram:
     path = SEEDS_DIR / f"{name}.py"
     return load_program(path.read_text(), str(path))
 

@@ -308,3 +308,16 @@ def test_aggregate_of_scorer_output(scorer: OfflineScorer) -> None:
     assert result["overall"]["n"] == 2
     assert result["overall"]["evidence_recall"] == 1.0
     assert result["by_capability"]["F"]["n"] == 2
+
+
+def test_a_score_prints_alike_in_tables_the_run_report_and_the_coders_prompt() -> None:
+    from evolve.evolution.coder import _score_table
+    from evolve.evolution.report import _cell
+    from evolve.scoring import fmt_score
+
+    value = 2 / 3
+    assert fmt_score(value) == f"{value:.3f}" and fmt_score(None) == "—"
+    row = {**dict.fromkeys(METRICS, value), "n": 3}
+    table = _score_table({"train": {"overall": row, "by_capability": {}}}, "train")
+    assert table.splitlines()[2] == f"| overall | 3 | {' | '.join([fmt_score(value)] * 4)} |"
+    assert f">{fmt_score(value)}<" in _cell(value)

@@ -20,7 +20,7 @@ from evolve.evolution.budget import calls_path
 from evolve.evolution.cases import differential_cases, failing_cases
 from evolve.evolution.coder import render_request
 from evolve.evolution.loop import Evolution, RunConfig
-from evolve.evolution.proposer import Program, Request
+from evolve.evolution.proposer import CandidateView, Request
 from evolve.evolution.selection import dependency_aware, round_robin
 from evolve.evolution.stages import common_ancestor, partners
 from evolve.evolution.store import CandidateMeta, RunStore
@@ -169,9 +169,11 @@ def test_differential_cases_pair_both_traces_and_reach_the_integration_prompt():
     cases = differential_cases(mine, theirs, tasks, HashingEmbedder())
     assert [c["id"] for c in cases] == ["q1", "q0"]  # theirs wins on q1, mine on q0
     assert all("other" in c for c in cases)
-    parent = Program("c0002-aaaaaaaa", HYBRID, {})
-    partner = Program("c0003-bbbbbbbb", HYBRID.replace("TOP_K = 80", "TOP_K = 90"), {})
-    ancestor = Program("c0001-cccccccc", HYBRID.replace("MIN_SCORE = 0.15", "MIN_SCORE = 0.1"), {})
+    parent = CandidateView("c0002-aaaaaaaa", HYBRID, {})
+    partner = CandidateView("c0003-bbbbbbbb", HYBRID.replace("TOP_K = 80", "TOP_K = 90"), {})
+    ancestor = CandidateView(
+        "c0001-cccccccc", HYBRID.replace("MIN_SCORE = 0.15", "MIN_SCORE = 0.1"), {}
+    )
     request = Request("integration", 3, parent, None, specialists=(partner,), ancestor=ancestor,
                       differential=cases)  # fmt: skip
     text = render_request(request, partner)

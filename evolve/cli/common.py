@@ -5,8 +5,8 @@ exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar
 options of the commands that evaluate programs (:func:`add_run_options`) and the runs-dir
 default (:func:`add_runs_dir`), the argparse types of numeric flags (:data:`positive_int`,
 :data:`probability`, ...), program paths (:func:`read_program`), the model flags
-(:func:`model_flag`: ``none`` or an empty name means no model), score formatting
-(:func:`fmt_score`) and the damaged-file warning handler (:func:`report_damage`).
+(:func:`model_flag`: ``none`` or an empty name means no model) and the damaged-file warning
+handler (:func:`report_damage`). Scores print by :func:`evolve.scoring.fmt_score`.
 
 Invariants: nothing here imports a command module or the evaluation engine, so every command
 module imports this one and nothing imports back; an error stays one line whatever the
@@ -94,11 +94,6 @@ def model_flag(name: str | None, api_base: str | None, **params: Any) -> ModelCo
     if name is None or name.lower() in ("none", ""):
         return None
     return ModelConfig(model=name, api_base=api_base, **params)
-
-
-def fmt_score(value: float | None) -> str:
-    """A score as the tables print it: three decimals, or a dash where there is none."""
-    return "—" if value is None else f"{value:.3f}"
 
 
 class _DamageLines(logging.Handler):

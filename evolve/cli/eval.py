@@ -29,7 +29,6 @@ from evolve.cli.common import (
     data_dir,
     default_cache_dir,
     err,
-    fmt_score,
     model_flag,
     out,
     probability,
@@ -40,6 +39,7 @@ from evolve.datasets.benches import load_taskset
 from evolve.datasets.types import CAPABILITY_NAMES, DataError
 from evolve.distributed import make_backend
 from evolve.models.clients import role_client
+from evolve.scoring import fmt_score
 
 
 def add_eval(sub: Any) -> None:
@@ -285,7 +285,7 @@ def _headline(block: dict[str, Any], prefix: str = "") -> list[str]:
         if isinstance(value, dict):
             lines += _headline(value, f"{prefix}{key} ")
         elif isinstance(value, float) and ("overall" in key or "accuracy" in key):
-            lines.append(f"{prefix}{key.replace('_', ' ')}: {value:.3f}")
+            lines.append(f"{prefix}{key.replace('_', ' ')}: {fmt_score(value)}")
     return lines
 
 

@@ -1,9 +1,9 @@
-"""The ``evolve`` commands that inspect and ship a run's candidates.
+"""The ``evolve`` commands that inspect, freeze and export a run's candidates.
 
 ``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
 ``freeze`` delegates to :mod:`evolve.evolution.freeze` (imported when it runs: it needs the
 evaluation engine, which the other commands do not load) and ``export`` to
-:mod:`evolve.evolution.ship`; ``report`` writes the HTML
+:mod:`evolve.evolution.export`; ``report`` writes the HTML
 page of :mod:`evolve.evolution.report` (into the run folder unless ``--out`` says otherwise).
 Parsing and rendering live here; the data comes from :mod:`evolve.evolution.summary` and the
 :class:`~evolve.evolution.store.RunStore`.
@@ -14,9 +14,9 @@ Invariants:
   or a bare ``ID`` looked up in ``--run RUN``, else in the newest run (said on stderr). ``ID``
   may be any unique prefix of a candidate id.
 - Every expected failure is one ``error:`` line and exit 2 (a
-  :class:`~evolve.cli.common.UsageError`);
-  the store's RunNotFound / CandidateNotFound / DamagedFile and ship's ShipError are turned
-  into one. Damaged candidates the store skips are ``warning:`` lines, and the rest is shown.
+  :class:`~evolve.cli.common.UsageError`); the store's RunNotFound / CandidateNotFound /
+  DamagedFile, export's ExportError and freeze's FreezeError are turned into one. Damaged
+  candidates the store skips are ``warning:`` lines, and the rest is shown.
 - With ``--json`` a command prints exactly one JSON object on stdout; notes and warnings go to
   stderr either way.
 """
@@ -43,12 +43,11 @@ from evolve.cli.common import (
     UsageError,
     add_runs_dir,
     err,
-    fmt_score,
     out,
     positive_int,
 )
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution import ship, summary
+from evolve.evolution import export, summary
 from evolve.evolution.archive import fitness
 from evolve.evolution.store import (
     CandidateMeta,
@@ -57,6 +56,7 @@ from evolve.evolution.store import (
     RunNotFound,
     RunStore,
 )
+from evolve.scoring import fmt_score
 
 CANDIDATE_HELP = (
     "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "
@@ -115,10 +115,10 @@ def add_commands(sub: Any) -> None:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """Run one of :data:`COMMANDS`; the store's and ship's errors become a UsageError."""
+    """Run one of :data:`COMMANDS`; the expected errors become a UsageError."""
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, RunNotFound, CandidateNotFound, DamagedFile, ship.ShipError) as exc:
+    except (UsageError, RunNotFound, CandidateNotFound, DamagedFile, export.ExportError) as exc:
         raise UsageError(escape(str(exc))) from None  # cli.main prints it as rich markup
 
 
@@ -401,15 +401,18 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_freeze(args: argparse.Namespace) -> int:
-    from evolve.evolution.freeze import freeze
+    from evolve.evolution.freeze import FreezeError, freeze
 
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
 
     def bar(total: int) -> ProgressBar:
         return ProgressBar(total, not args.no_progress, "test")
 
-    result = freeze(store, meta.id, data_dir=args.data_dir, cache_dir=args.cache_dir,
-                    embedder=args.embedder, jobs=args.jobs, progress=bar)  # fmt: skip
+    try:
+        result = freeze(store, meta.id, data_dir=args.data_dir, cache_dir=args.cache_dir,
+                        embedder=args.embedder, jobs=args.jobs, progress=bar)  # fmt: skip
+    except FreezeError as exc:
+        raise UsageError(str(exc)) from None
     ref = name(store, result.meta)
     if not result.scored:
         err.print(
@@ -449,7 +452,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"[yellow]warning:[/] {name(store, meta)} is {meta.status}, not evaluated",
             highlight=False,
         )
-    text = ship.export(store, meta.id, args.out, force=args.force)
+    text = export.export(store, meta.id, args.out, force=args.force)
     report = {
         "candidate": name(store, meta),
         "out": str(args.out),

@@ -27,7 +27,6 @@ from evolve.cli.common import (
     data_dir,
     default_cache_dir,
     err,
-    fmt_score,
     model_flag,
     non_negative_float,
     non_negative_int,
@@ -44,6 +43,7 @@ from evolve.evolution.manifest import build_manifest
 from evolve.evolution.store import RunNotFound, RunStore
 from evolve.models.llm import LLMError
 from evolve.resources import seed_file
+from evolve.scoring import fmt_score
 
 
 def add_command(sub: Any) -> None:
@@ -236,7 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
         sim, hit = fmt_score(v["evidence_similarity"]), fmt_score(v["evidence_hit_rate"])
-        out.print(f"{label} {meta.id}: valid fitness {fitness(v):.3f} "
+        out.print(f"{label} {meta.id}: valid fitness {fmt_score(fitness(v))} "
                   f"(similarity {sim}, hit rate {hit})")  # fmt: skip
     spend = read_spend(store.root).total
     if spend.calls:

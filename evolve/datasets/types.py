@@ -11,18 +11,18 @@ Invariants:
   stringified.
 - `Question.meta["posed"]`, when present, is the question as the benchmark's protocol poses it
   to the answer model (planning and retrieval see `Question.question`).
-- `Question.capability` is the *native* capability of the benchmark's question type (design
+- `Question.capability` is the *native* capability of the benchmark's question type (docs/design.md
   §3); it is used to group results and is never shown to a memory program.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract.types import Message, Segment, content_digest
+from contract.types import Message, Segment
 
 CAPABILITIES: tuple[str, ...] = ("F", "T", "P", "M", "A")
 CAPABILITY_NAMES: dict[str, str] = {
@@ -47,10 +47,6 @@ class Conversation:
     def messages(self) -> dict[str, tuple[Segment, Message]]:
         """Message id -> (its segment, the message)."""
         return {m.id: (s, m) for s in self.sessions for m in s.messages}
-
-    def digest(self) -> str:
-        """A content hash of the sessions (ids, dates, roles, texts); keys stage caches."""
-        return content_digest([asdict(s) for s in self.sessions])
 
     @property
     def n_chars(self) -> int:

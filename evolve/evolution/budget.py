@@ -10,10 +10,11 @@ Invariants:
 - Spend is read from the log, never kept anywhere else, and the log only grows; so spend is never
   reset — a run resumed after ``kill -9`` starts from what it had paid, including calls whose
   result was lost with the process.
-- ``cost_usd`` counts money actually spent: a cache hit costs 0 and its tokens are counted apart
-  (``cached_tokens``); ``tokens`` (what ``--max-tokens`` caps) counts prompt and completion
-  tokens of calls that reached a model. A call whose model has no known price counts in
-  ``unpriced_calls``; a USD cap cannot see those, and the run says so.
+- Spend is summed by :class:`~evolve.models.usage.Tally`: ``cost_usd`` counts money actually
+  spent (a cache hit costs 0 and its tokens are counted apart, ``cached_tokens``); ``tokens``
+  (what ``--max-tokens`` caps) counts prompt and completion tokens of calls that reached a
+  model. A call whose model has no known price counts in ``unpriced_calls``; a USD cap cannot
+  see those, and the run says so.
 - :meth:`Budget.stop_reason` is checked before each round: a round starts only when the spend
   so far plus the projected cost of one more round stays within every cap; the projection is
   the most any finished round of the run has cost (nothing before the first round, so a cap
@@ -26,50 +27,15 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evolve.models import is_corrupt, sqlite_connection
 from evolve.models.llm import CALLS_SCHEMA, ModelConfig, damaged_log
+from evolve.models.usage import Tally as Tally  # re-exported
 
 CALLS_FILE = "calls.sqlite"
-
-
-@dataclass
-class Tally:
-    """Totals over a set of calls."""
-
-    calls: int = 0
-    cached_calls: int = 0
-    errors: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    cost_usd: float = 0.0
-    unpriced_calls: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.calls += 1
-        tokens = int(row["prompt_tokens"]) + int(row["completion_tokens"])
-        if row["cached"]:
-            self.cached_calls += 1
-            self.cached_tokens += tokens
-            return
-        self.errors += 1 if row["error"] else 0
-        self.prompt_tokens += int(row["prompt_tokens"])
-        self.completion_tokens += int(row["completion_tokens"])
-        if row["cost_usd"] is None:
-            self.unpriced_calls += 0 if row["error"] else 1
-        else:
-            self.cost_usd += float(row["cost_usd"])
-
-    def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "tokens": self.tokens, "cost_usd": round(self.cost_usd, 6)}
 
 
 @dataclass

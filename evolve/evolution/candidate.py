@@ -16,12 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from evolve.config import STAGES
 from evolve.datasets.types import CAPABILITIES
 from evolve.models import why
 
-STAGES = ("seed", "cold_start", "refinement", "integration")
+ORIGINS = ("seed", *STAGES)  # what a candidate's ``stage`` names: the seed, or its evolution stage
 STATUSES = ("proposed", "rejected", "evaluated", "failed")
-_ALLOWED = {"stage": STAGES, "status": STATUSES, "capability": (*CAPABILITIES, None)}
+_ALLOWED = {"stage": ORIGINS, "status": STATUSES, "capability": (*CAPABILITIES, None)}
 
 
 class DamagedFile(ValueError):

@@ -10,10 +10,11 @@ chosen to cover the question, answer, evidence and prediction; each evidence kee
 unit).
 
 Invariants: cases come from the train split only (the loop passes train traces and the train
-task set). Selection is deterministic: ``"worst"`` takes the lowest mean of evidence similarity
-and hit rate (ties by question id); ``"random"`` (an ablation) draws with a seeded generator.
-With labels, a target capability selects the tasks whose primary or secondary label is that
-capability. At most :data:`MAX_EVIDENCE` evidence messages per case.
+task set). Selection is deterministic: ``"worst"`` takes the lowest fitness
+(:func:`evolve.evolution.archive.fitness`, ties by question id); ``"random"`` (an ablation)
+draws with a seeded generator. With labels, a target capability selects the tasks whose
+primary or secondary label is that capability. At most :data:`MAX_EVIDENCE` evidence messages
+per case.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from evolve.datasets.types import Question, TaskSet
 from evolve.diagnostics import unit_text
 from evolve.evolution.annotate import Labels
+from evolve.evolution.archive import fitness
 from evolve.evolution.compact import compact_case
 from evolve.models.embed import Embedder
 from evolve.trace import QuestionTrace
@@ -32,11 +34,6 @@ from evolve.trace import QuestionTrace
 MAX_EVIDENCE = 4
 CASE_CHARS = 11_300  # a compact case's mean size on BEAM-100K train (bench/compact_cases.py)
 UnitsOf = Callable[[str, int], list[dict[str, Any]] | None]  # (conversation id, session) -> units
-
-
-def _badness(trace: QuestionTrace) -> float:
-    values = [trace.scores.get("evidence_similarity"), trace.scores.get("evidence_hit_rate")]
-    return sum(v for v in values if isinstance(v, int | float)) / len(values)
 
 
 def failing_cases(
@@ -57,7 +54,7 @@ def failing_cases(
     pool = [t for t in traces if t.id in questions]
     if target is not None:
         pool = [t for t in pool if _covers(questions[t.id], target, labels)]
-    pool.sort(key=lambda t: (_badness(t), t.id))
+    pool.sort(key=lambda t: (fitness(t.scores), t.id))
     if mode == "random":
         random.Random(seed).shuffle(pool)
     chosen = pool[:limit]
@@ -76,9 +73,9 @@ def differential_cases(
     questions = {q.id: q for q in tasks.questions}
     other = {t.id: t for t in theirs if t.id in questions}
     pairs = [(t, other[t.id]) for t in mine if t.id in other]
-    gaps = sorted(pairs, key=lambda p: (_badness(p[0]) - _badness(p[1]), p[0].id))
-    chosen = [p for p in gaps[:limit] if _badness(p[1]) > _badness(p[0])]
-    chosen += [p for p in gaps[::-1][:limit] if _badness(p[0]) > _badness(p[1])]
+    gaps = sorted(pairs, key=lambda p: (fitness(p[0].scores) - fitness(p[1].scores), p[0].id))
+    chosen = [p for p in gaps[:limit] if fitness(p[1].scores) > fitness(p[0].scores)]
+    chosen += [p for p in gaps[::-1][:limit] if fitness(p[0].scores) > fitness(p[1].scores)]
     out = []
     for a, b in chosen:
         case = _case(a, questions[a.id], tasks, embedder, None)
@@ -108,7 +105,7 @@ def _case(
     evidence, sources, units = [], [], []
     for e in [e for e in q.evidence_ids if e in found][:MAX_EVIDENCE]:
         segment, message = found[e]
-        evidence.append(f"[{segment.date or 'undated'}] {message.role}: {message.content}")
+        evidence.append(f"[{segment.date or 'undated'}] {message.text()}")
         sources.append(segment.render())
         stored = units_of(conv.id, session[segment.session_id]) if units_of else None
         units.append([unit_text(u) for u in stored or []])

@@ -42,14 +42,15 @@ from typing import Any
 
 from contract import spec
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution.proposer import Program, Proposal, Request
+from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.models.llm import LLMClient, Message
+from evolve.scoring import fmt_score
+from evolve.scoring.offline import METRICS
 from sandbox.static import ALLOWED_IMPORTS
 
 MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program
 DIAGNOSIS_TOKENS = 400
 DIFF_CHARS = 6_000  # per side of an integration diff
-METRICS = ("evidence_similarity", "evidence_hit_rate", "evidence_recall", "answer_recall")
 
 _BLOCK = re.compile(
     r"^<{5,9} ?SEARCH[ \t]*\r?\n(.*?)^={5,9}[ \t]*\r?\n(.*?)^>{5,9} ?REPLACE[ \t]*$",
@@ -144,7 +145,7 @@ def _score_table(scores: dict[str, Any], split: str) -> str:
         if not row:
             continue
         label = name if name == "overall" else f"{name} {CAPABILITY_NAMES[name]}"
-        values = [f"{row[m]:.3f}" if isinstance(row.get(m), float) else "—" for m in METRICS]
+        values = [fmt_score(row.get(m)) for m in METRICS]
         lines.append(f"| {label} | {row.get('n', 0)} | {' | '.join(values)} |")
     return "\n".join(lines)
 
@@ -197,11 +198,7 @@ def _diagnostics(table: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]  # fmt: skip
     for group, row in table.items():
         values = [
-            "—"
-            if row.get(k) is None
-            else f"{row[k]:.3f}"
-            if k.startswith("d_")
-            else f"{row[k]:,.0f}"
+            fmt_score(row.get(k)) if row.get(k) is None or k.startswith("d_") else f"{row[k]:,.0f}"
             for k in keys
         ]
         lines.append(f"| {group} | {' | '.join(values)} |")
@@ -215,7 +212,7 @@ def _diagnostics(table: dict[str, Any]) -> str:
     )
 
 
-def _diff(old: Program, new: Program) -> str:
+def _diff(old: CandidateView, new: CandidateView) -> str:
     lines = difflib.unified_diff(old.source.splitlines(), new.source.splitlines(),
                                  old.id, new.id, lineterm="", n=2)  # fmt: skip
     text = "\n".join(lines)
@@ -234,13 +231,13 @@ def _differential(n: int, case: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def _source(label: str, prog: Program) -> str:
+def _source(label: str, prog: CandidateView) -> str:
     return f"## {label} ({prog.id})\n```python\n{prog.source}\n```"
 
 
 def render_request(
     request: Request,
-    specialist: Program | None = None,
+    specialist: CandidateView | None = None,
     diagnosis: str | None = None,
     ask_diagnosis: bool = False,
 ) -> str:
@@ -285,7 +282,7 @@ def render_request(
     return "\n\n".join(parts)
 
 
-def _specialty(request: Request, specialist: Program) -> str | None:
+def _specialty(request: Request, specialist: CandidateView) -> str | None:
     """The capability on which ``specialist`` beats the parent most (train)."""
     mine = specialist.scores.get("train", {}).get("by_capability", {})
     theirs = request.parent.scores.get("train", {}).get("by_capability", {})

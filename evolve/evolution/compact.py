@@ -218,7 +218,7 @@ def _dice(a: set[str], b: set[str]) -> float:
     return 2 * len(a & b) / (len(a) + len(b)) if a or b else 0.0
 
 
-class _Table:
+class _Embedded:
     """Vectors (one embedding call) and content words for a fixed set of texts."""
 
     def __init__(self, embedder: Embedder, texts: Sequence[str]) -> None:
@@ -328,7 +328,7 @@ def _greedy(
 
 
 def _select(
-    text: str, spans: list[Span], targets: Sequence[Target], table: _Table, budget: int
+    text: str, spans: list[Span], targets: Sequence[Target], table: _Embedded, budget: int
 ) -> str:
     """The better of per-character and absolute greedy coverage of ``targets`` by spans."""
     score = table.scores([s.text for s in spans], [t.text for t in targets])
@@ -346,11 +346,11 @@ def excerpt(
     if len(text) <= budget:
         return text
     spans = split_spans(text, budget)
-    table = _Table(embedder, [s.text for s in spans] + [t.text for t in targets])
+    table = _Embedded(embedder, [s.text for s in spans] + [t.text for t in targets])
     return _select(text, spans, targets, table, budget)
 
 
-def _best(table: _Table, snippet: str, units: Sequence[str]) -> tuple[int, np.ndarray]:
+def _best(table: _Embedded, snippet: str, units: Sequence[str]) -> tuple[int, np.ndarray]:
     scores = table.scores(list(units), [snippet])[:, 0]
     return int(np.argmax(scores)), scores  # argmax: the first of equal scores
 
@@ -359,7 +359,7 @@ def best_unit(snippet: str, units: Sequence[str], embedder: Embedder) -> int:
     """Index of the unit that scores highest for ``snippet`` (the first one on ties)."""
     if not units:
         raise ValueError("best_unit needs at least one unit")
-    return _best(_Table(embedder, [snippet, *units]), snippet, units)[0]
+    return _best(_Embedded(embedder, [snippet, *units]), snippet, units)[0]
 
 
 def case_targets(case: dict[str, Any]) -> list[Target]:
@@ -374,7 +374,7 @@ def case_targets(case: dict[str, Any]) -> list[Target]:
 
 
 def _units(
-    evidence: list[str], units: list[list[str]], view: Callable[[int, int], str], table: _Table
+    evidence: list[str], units: list[list[str]], view: Callable[[int, int], str], table: _Embedded
 ) -> list[list[int]]:
     """Indices of the units shown per snippet: every snippet's best unit, then other units,
     best-scoring for their snippet first, while the whole view fits in one excerpt budget."""
@@ -424,7 +424,7 @@ def compact_case(case: dict[str, Any], embedder: Embedder) -> dict[str, Any]:
     texts = dict.fromkeys([*fields, *evidence, *sources, *flat_units])
     long = {t: split_spans(t) for t in texts if len(t) > EXCERPT_CHARS}
     span_texts = [s.text for spans in long.values() for s in spans]
-    table = _Table(embedder, [*(t.text for t in targets), *evidence, *flat_units, *span_texts])
+    table = _Embedded(embedder, [*(t.text for t in targets), *evidence, *flat_units, *span_texts])
     views: dict[str, str] = {}
 
     def show(text: str) -> str:

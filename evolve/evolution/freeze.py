@@ -1,6 +1,6 @@
 """Freezing a candidate: its one look at the test split.
 
-Owns the test split's only reader.
+Owns the test split's only reader and :class:`FreezeError`.
 
 Invariants:
 
@@ -35,12 +35,16 @@ from typing import Any
 from evolve.config import ConfigError, stored_config
 from evolve.distributed import make_backend
 from evolve.evolution.archive import fitness
+from evolve.evolution.export import TEST_SPLIT
 from evolve.evolution.loop import task_set, worker_config
 from evolve.evolution.manifest import data_hashes
-from evolve.evolution.ship import TEST_SPLIT, ShipError
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, write_run
 from evolve.trace import first_error
+
+
+class FreezeError(Exception):
+    """A candidate cannot be frozen; the message is one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -78,16 +82,16 @@ def freeze(
     if meta.frozen and TEST_SPLIT in meta.scores:
         return Frozen(meta, False, others)
     if meta.status != "evaluated":
-        raise ShipError(
+        raise FreezeError(
             f"only an evaluated candidate can be frozen; {store.run_id}/{meta.id} is {meta.status}"
         )
     try:
         config = stored_config(store.manifest, store.run_id)
     except ConfigError as exc:
-        raise ShipError(str(exc)) from None
+        raise FreezeError(str(exc)) from None
     root = Path(data_dir or config.data_dir)
     if not root.is_dir():
-        raise ShipError(f"data directory {root} does not exist; pass --data-dir")
+        raise FreezeError(f"data directory {root} does not exist; pass --data-dir")
     # test-split LLM calls count in the run's spend (the run's call log)
     worker = worker_config(config, store.root, "freeze", reuse=True,
                            cache_dir=cache_dir or config.cache_dir,
@@ -104,11 +108,11 @@ def freeze(
                 backend=make_backend(config.backend, jobs or config.jobs, config.ray_address),
             )
         except EvalError as exc:
-            raise ShipError(str(exc)) from None
+            raise FreezeError(str(exc)) from None
     write_run(report, store.root / f"freeze-{meta.id}")  # traces, kept even when refused
     if report.meta["errors"]:
         first = first_error(report.traces)
-        raise ShipError(
+        raise FreezeError(
             f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
             f"(first: {first[:200]}); no test score was recorded — stages computed so far are "
             f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"

@@ -47,14 +47,14 @@ from typing import Any
 from evolve.config import SPLITS, STAGES, RunConfig
 from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.types import TaskSet
-from evolve.distributed import Backend, make_backend
+from evolve.distributed import JobBackend, make_backend
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
 from evolve.evolution.offline import OfflineProposer
-from evolve.evolution.proposer import Program, Proposal, Proposer, Request
+from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
 from evolve.evolution.store import CandidateMeta, RunStore
@@ -82,14 +82,14 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
 
 
 def worker_config(
-    config: RunConfig, run_root: Path, stage_label: str, **changes: Any
+    config: RunConfig, run_root: Path, call_prefix: str, **changes: Any
 ) -> WorkerConfig:
     """What the evaluation workers of a run need (the one place it is built from a config):
     the run's cache, task model and embedder; LLM calls go to the run's call log, so they
     count in its spend. ``changes`` override fields (``cache_dir``, ``embedder``, ...)."""
     fields: dict[str, Any] = {
         "cache_dir": config.cache_dir, "task_model": config.task_model,
-        "embedder": config.embedder, "stage_label": stage_label,
+        "embedder": config.embedder, "call_prefix": call_prefix,
         "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
     }  # fmt: skip
     return WorkerConfig(**{**fields, **changes})
@@ -121,7 +121,7 @@ def workload(config: RunConfig) -> Workload:
             for window in extraction_windows(segment):
                 windows += 1
                 chars += sum(len(m.content) for m in window.messages)
-    seed = Program("seed", Path(config.seed_program).read_text(), {})
+    seed = CandidateView("seed", Path(config.seed_program).read_text(), {})
     prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
     rounds = sum(config.rounds.values())
     return Workload(rounds, rounds + 1, windows, chars, questions,
@@ -164,7 +164,7 @@ class Evolution:
         )
         # the offline proposer reads constants and scores, never cases: none are built for it
         self.builds_cases = not isinstance(self.proposer, OfflineProposer)
-        self._backend: Backend | None = None  # started on the first evaluation
+        self._backend: JobBackend | None = None  # started on the first evaluation
         self.judge = role_client("judge", config.judge_model, log_path=log,
                                  cache_path=cache if config.reuse else None)  # fmt: skip
         self.worker = worker_config(config, store.root, "evolve", script=task_script)
@@ -179,7 +179,7 @@ class Evolution:
         self.annotator = annotator
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> JobBackend:
         if self._backend is None:
             self._backend = make_backend(
                 self.config.backend, self.config.jobs, self.config.ray_address
@@ -270,7 +270,7 @@ class Evolution:
         traces = self.store.traces(parent.id, "train")
         others = [] if holistic or stage != "integration" else partners(
             parent, kept.specialists, round_no)  # fmt: skip
-        ancestor: Program | None = None
+        ancestor: CandidateView | None = None
         differential: tuple[dict[str, Any], ...] = ()
         cases: tuple[dict[str, Any], ...] = ()
         if others:
@@ -337,9 +337,9 @@ class Evolution:
 
         return units
 
-    def _program(self, meta: CandidateMeta) -> Program:
+    def _program(self, meta: CandidateMeta) -> CandidateView:
         train = {"train": meta.scores.get("train", {})}  # proposers see train scores only
-        return Program(meta.id, self.store.source(meta.id), train, meta.message)
+        return CandidateView(meta.id, self.store.source(meta.id), train, meta.message)
 
     def round(self, stage: str, round_no: int, stage_round: int = 0) -> None:
         request = self.request(stage, round_no, stage_round)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
-class Program:
+class CandidateView:
     """A candidate the proposer may read: id, source and its scores (split -> blocks)."""
 
     id: str
@@ -40,13 +40,13 @@ class Request:
 
     stage: str  # "cold_start" | "refinement" | "integration"
     round_no: int  # rounds finished before this one, all stages together
-    parent: Program  # the best program overall, which the child revises
+    parent: CandidateView  # the best program overall, which the child revises
     target: str | None  # the capability to improve (refinement), else None
-    specialists: tuple[Program, ...] = ()  # best per capability but the parent; this round's
+    specialists: tuple[CandidateView, ...] = ()  # best per capability but the parent; this round's
     # integration partner first
     cases: tuple[dict[str, Any], ...] = ()  # the parent's failing train cases (compact)
     history: tuple[dict[str, Any], ...] = ()  # earlier revisions (of the target): their effects
-    ancestor: Program | None = None  # integration: latest common ancestor of parent and partner
+    ancestor: CandidateView | None = None  # integration: latest common ancestor of the two
     differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
     diagnostics: dict[str, Any] | None = None  # the parent's stage diagnostics on train
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds

@@ -29,6 +29,7 @@ from evolve.evolution.archive import archive
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import local_time, split_fitness
+from evolve.scoring import fmt_score
 
 TEMPLATE = "report.html.j2"  # beside this module
 COLOURS = {"F": "#1f77b4", "T": "#ff7f0e", "P": "#2ca02c", "M": "#d62728", "A": "#9467bd"}
@@ -172,13 +173,14 @@ def _cell(value: float | None) -> Markup:
     if value is None:
         return Markup('<td class="num none">—</td>')
     shade = int(255 - 120 * max(0.0, min(1.0, value)))
-    return Markup(f'<td class="num" style="background:rgb({shade},255,{shade})">{value:.3f}</td>')
+    style = f"background:rgb({shade},255,{shade})"
+    return Markup(f'<td class="num" style="{style}">{fmt_score(value)}</td>')
 
 
 def render_html(data: dict[str, Any]) -> str:
     """The report page for :func:`report_data`'s output (template ``report.html.j2``)."""
     env = Environment(autoescape=True, trim_blocks=True)
-    env.filters["score"] = lambda v: "—" if v is None else f"{v:.3f}"
+    env.filters["score"] = fmt_score
     env.filters["percent"] = lambda v: "—" if v is None else f"{100 * v:.1f} %"
     template = env.from_string(files(__package__).joinpath(TEMPLATE).read_text("utf-8"))
     return template.render(d=data, caps=CAPABILITIES, names=CAPABILITY_NAMES, cell=_cell,

@@ -8,24 +8,23 @@ Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
     candidates/<id>.json   its :class:`CandidateMeta`
     candidates/<id>.<split>.jsonl.gz   its per-question traces on a split (train), for diagnosis
     claims/c<NNNN>         empty; created with O_EXCL to reserve candidate number NNNN
-    index.sqlite           tables ``candidates`` (one row per ``.json``) and ``events``
+    index.sqlite           table ``events`` (a run from before may also hold a ``candidates``
+                           table; nothing reads it)
 
 Invariants:
 
 - Only this module knows the layout: other code asks for :meth:`RunStore.source_path` and
   :meth:`RunStore.traces_path`.
-- Every file write is atomic: a temporary ``.tmp-*`` file in the same folder, fsync,
-  ``os.replace``, fsync of the folder. Readers see the old file or the new one, never a torn
-  one. A crash may leave a ``.tmp-*`` file or a ``.py`` without its ``.json``; neither is
-  ever read as a candidate.
+- Every file write is atomic and durable (:func:`evolve.files.write_atomic`: a temporary
+  ``.tmp-*`` file in the same folder, fsync, ``os.replace``, fsync of the folder). Readers see
+  the old file or the new one, never a torn one. A crash may leave a ``.tmp-*`` file or a
+  ``.py`` without its ``.json``; neither is ever read as a candidate.
 - A candidate exists iff its ``.json`` exists. :meth:`RunStore.add_candidate` writes the ``.py``,
-  then the ``.json``, then the SQLite row, all before it returns.
-- The files are the truth and every read of a candidate goes to them. The ``candidates`` table
-  is derivable from ``candidates/*.json`` (:meth:`RunStore.reindex`); :meth:`RunStore.open`
-  rebuilds it whenever it differs from the files (missing file, a crash between a ``.json`` and
-  its row, a row behind an update). Events live only in SQLite: losing ``index.sqlite`` loses
-  the event log, never a candidate or the state. An index SQLite calls corrupt is moved aside
-  (``index.sqlite.corrupt-<time>``) and rebuilt from the files, said once.
+  then the ``.json``, both before it returns.
+- The files are the truth and every read of a candidate goes to them. Events live only in
+  SQLite: losing ``index.sqlite`` loses the event log, never a candidate or the state. An index
+  SQLite calls corrupt is moved aside (``index.sqlite.corrupt-<time>``) and a fresh one started,
+  said once.
 - Damaged files never take a run down: each is reported, never fatal. A candidate is read only
   if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
   (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips
@@ -51,7 +50,6 @@ import json
 import os
 import re
 import sqlite3
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -59,18 +57,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evolve.evolution.candidate import STAGES as STAGES  # re-exported
 from evolve.evolution.candidate import STATUSES as STATUSES  # re-exported
 from evolve.evolution.candidate import (
     CandidateMeta,
     DamagedFile,
-    parse_meta,
     read_meta,
     source_problem,
 )
-from evolve.evolution.scrub import REDACTED as REDACTED  # re-exported
-from evolve.evolution.scrub import scrub_secrets
+from evolve.files import write_atomic
 from evolve.models import damaged, is_corrupt, set_aside, why
+from evolve.scrub import REDACTED as REDACTED  # re-exported
+from evolve.scrub import scrub_secrets
 from evolve.trace import QuestionTrace, read_trace
 
 T = TypeVar("T")
@@ -83,12 +80,6 @@ _CREATE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 _IMMUTABLE = frozenset({"id", "number", "source_sha256"})
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS candidates (
-    id TEXT PRIMARY KEY, number INTEGER NOT NULL, parents TEXT NOT NULL, stage TEXT NOT NULL,
-    capability TEXT, message TEXT NOT NULL, source_sha256 TEXT NOT NULL, status TEXT NOT NULL,
-    sandbox TEXT, scores TEXT NOT NULL, usage TEXT NOT NULL, seconds REAL NOT NULL,
-    created REAL NOT NULL, frozen INTEGER NOT NULL, attempts TEXT NOT NULL, meta TEXT NOT NULL
-);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL
 );
@@ -104,41 +95,11 @@ class CandidateNotFound(LookupError):
     """No candidate matches an id or prefix, or a prefix matches several."""
 
 
-_COLUMNS = tuple(CandidateMeta.model_fields)
-_UPSERT = (
-    f"INSERT OR REPLACE INTO candidates ({', '.join(_COLUMNS)}, meta) "
-    f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))})"
-)
-
-
 # --- files --------------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # makes the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 def _dump(obj: Any) -> bytes:
     return json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8")
-
-
-def _row(meta: CandidateMeta, text: str) -> tuple[Any, ...]:
-    values = meta.model_dump().values()  # in _COLUMNS order; dicts and lists as JSON text
-    return (*(json.dumps(v) if isinstance(v, dict | list) else v for v in values), text)
 
 
 class RunStore:
@@ -175,12 +136,12 @@ class RunStore:
         with store._db():
             pass
         body = {**scrub_secrets(manifest), "run_id": run_id, "created": time.time()}
-        _write_atomic(root / "manifest.json", _dump(body))
+        write_atomic(root / "manifest.json", _dump(body))
         return store
 
     @classmethod
     def open(cls, runs_dir: Path, run_id: str) -> RunStore:
-        """An existing run; rebuilds its SQLite index if it differs from the candidate files."""
+        """An existing run; a damaged index is set aside here, before any work on the run."""
         root = Path(runs_dir) / run_id
         if not _RUN_ID.fullmatch(run_id) or not root.is_dir():
             raise RunNotFound(f"run {run_id!r} not found in {runs_dir}")
@@ -196,8 +157,7 @@ class RunStore:
             raise RunNotFound(f"run {run_id!r} in {runs_dir} has no manifest.json") from None
         except (OSError, ValueError) as exc:
             raise RunNotFound(f"run {run_id!r}: manifest {path} is damaged ({why(exc)})") from None
-        if not store._in_sync():
-            store.reindex()
+        store._transact(lambda _conn: None)
         return store
 
     @staticmethod
@@ -230,8 +190,8 @@ class RunStore:
     def add_candidate(
         self, source: str, *, parents: list[str], stage: str, capability: str | None, message: str
     ) -> CandidateMeta:
-        """Store a new candidate (status ``proposed``) and return its metadata; files and index
-        row are written before it returns. If the run already holds this exact source
+        """Store a new candidate (status ``proposed``) and return its metadata; its files are
+        written before it returns. If the run already holds this exact source
         (same sha256), the existing candidate's metadata is returned and nothing is written.
         Parents may be given by unique prefix; they are stored as full ids."""
         data = source.encode("utf-8")
@@ -244,7 +204,7 @@ class RunStore:
             if existing.source_sha256 == sha:
                 problem = source_problem(path.with_suffix(".py"), existing)
                 if problem:
-                    _write_atomic(path.with_suffix(".py"), data)
+                    write_atomic(path.with_suffix(".py"), data)
                     damaged(f"{problem}: restored from the identical source")
                 return existing
         fields = dict(stage=stage, capability=capability, message=message, source_sha256=sha)
@@ -256,7 +216,7 @@ class RunStore:
         )
         number = self._claim_number()
         meta = draft.model_copy(update={"id": f"c{number:04d}-{sha[:8]}", "number": number})
-        _write_atomic(self._candidates / f"{meta.id}.py", data)
+        write_atomic(self._candidates / f"{meta.id}.py", data)
         self._write_meta(meta)
         return meta
 
@@ -296,7 +256,7 @@ class RunStore:
         """Store a candidate's per-question traces on ``split`` (gzipped JSON lines)."""
         lines = "".join(t.to_json() + "\n" for t in traces)
         path = self.traces_path(candidate_id, split)
-        _write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
+        write_atomic(path, gzip.compress(lines.encode("utf-8"), mtime=0))
 
     def traces(self, candidate_id: str, split: str) -> list[QuestionTrace]:
         """The traces stored by :meth:`write_traces`; ``[]`` when there are none."""
@@ -320,23 +280,6 @@ class RunStore:
         state = self._read_state()[1]
         return problems + ([f"run state {self.root / 'state.json'} is damaged ({state})"]
                            if state else [])  # fmt: skip
-
-    def reindex(self) -> None:
-        """Rebuild the SQLite ``candidates`` table from ``candidates/*.json`` (events are kept);
-        damaged files get no row."""
-        rows = []
-        for path in self._meta_paths():
-            try:
-                data = path.read_bytes()
-                rows.append(_row(parse_meta(path, data), data.decode()))
-            except (OSError, DamagedFile):
-                continue  # reported by candidates()
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM candidates")
-            conn.executemany(_UPSERT, rows)
-
-        self._transact(write)
 
     # --- events and state ---
 
@@ -370,13 +313,13 @@ class RunStore:
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Replace ``state.json`` atomically; TypeError if ``state`` is not JSON."""
-        _write_atomic(self.root / "state.json", _dump(state))
+        write_atomic(self.root / "state.json", _dump(state))
 
     # --- internals ---
 
     def _transact(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """``work`` in one transaction on the index. An index SQLite calls corrupt is set aside,
-        said once, rebuilt from the candidate files, and ``work`` runs on the new one."""
+        said once, and ``work`` runs on a fresh one."""
         try:
             with self._db() as conn:
                 return work(conn)
@@ -385,9 +328,8 @@ class RunStore:
                 raise
             moved = set_aside(self._index)
             where = f"moved to {moved.name}" if moved else "replaced"
-            damaged(f"run index {self._index} is unreadable ({exc}): {where} and rebuilt from the "
-                    "candidate files (its event log is lost)")  # fmt: skip
-        self.reindex()
+            damaged(f"run index {self._index} is unreadable ({exc}): {where} and rebuilt "
+                    "(its event log is lost; the candidates are in their files)")  # fmt: skip
         with self._db() as conn:
             return work(conn)
 
@@ -405,9 +347,6 @@ class RunStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
-            columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(candidates)"))
-            if columns != (*_COLUMNS, "meta"):  # an index from an older layout: rebuilt
-                conn.executescript(f"DROP TABLE candidates; {SCHEMA}")
             with conn:
                 yield conn
         finally:
@@ -451,13 +390,7 @@ class RunStore:
 
     def _write_meta(self, meta: CandidateMeta) -> None:
         text = meta.model_dump_json(indent=2)
-        _write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
-        self._transact(lambda conn: conn.execute(_UPSERT, _row(meta, text)))
-
-    def _in_sync(self) -> bool:
-        files = {p.name[:-5]: p.read_bytes() for p in self._meta_paths()}
-        rows = self._transact(lambda c: c.execute("SELECT id, meta FROM candidates").fetchall())
-        return files == {i: m.encode() for i, m in rows}
+        write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
 
     def _scan(self) -> tuple[list[CandidateMeta], list[str]]:
         """The readable candidates and one line per damaged one."""

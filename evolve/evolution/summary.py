@@ -1,6 +1,6 @@
 """A run seen from outside: JSON-ready summaries of runs, candidates and their ancestry.
 
-Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.ship`). Nothing
+Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.export`). Nothing
 here writes to a run. Everything is derived from the store on each call — best overall and
 specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own selection),
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
@@ -24,6 +24,7 @@ from evolve.evolution.archive import archive, fitness
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
 from evolve.models import damaged, why
+from evolve.scoring import fmt_score
 
 
 def local_time(ts: float | None) -> str | None:
@@ -168,7 +169,7 @@ def evaluation(folder: Path) -> dict[str, Any] | None:
 
 def describe_evaluation(e: dict[str, Any]) -> str:
     """One paragraph on an evaluation folder, for ``evolve status``."""
-    score = "—" if e["fitness"] is None else f"{e['fitness']:.3f}"
+    score = fmt_score(e["fitness"])
     return (
         f"{e['evaluation']} is an evaluation folder (evolve eval), not an evolution run: "
         f"program {e['program']} on {e['bench']} {e['split']} ({e['mode']}), "

@@ -19,7 +19,8 @@ Invariants:
   :class:`LLMError` with a one-line message.
 - API keys are never written: ModelConfig holds none (litellm reads them from the environment;
   a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
-  secret-named extra params are left out of the request hash, and error texts are redacted.
+  secret-named extra params are left out of the request hash, and error texts are redacted
+  (both by the rules of :mod:`evolve.scrub`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from evolve.models import cache_transaction, is_corrupt, sqlite_connection
+from evolve.models.usage import by_role
+from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -139,7 +142,8 @@ class UsageRecord:
 
     ts: float
     role: str
-    stage: str
+    stage: str  # the call's label ("eval/extract", "cold_start/propose"); column ``stage`` of
+    # calls.sqlite: not a pipeline component, not an evolution stage
     model: str
     prompt_tokens: int
     completion_tokens: int
@@ -154,19 +158,11 @@ def _as_messages(messages: list[Message] | str) -> list[Message]:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
 
 
-def _is_secret_name(name: str) -> bool:
-    lowered = name.lower()
-    return any(s in lowered for s in ("key", "secret", "password")) or lowered.endswith("token")
-
-
 def _redact(text: str, config: ModelConfig) -> str:
-    """One line, at most 500 characters, with environment and config secrets masked (values
-    under 8 characters are placeholders like ``"x"``, and masking them would garble the text)."""
-    secrets = [v for k, v in os.environ.items() if _is_secret_name(k)]
-    secrets += [str(v) for k, v in config.extra.items() if _is_secret_name(k)]
-    for secret in sorted((s for s in secrets if len(s) >= 8), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return " ".join(text.split())[:500]
+    """One line, at most 500 characters, with environment and config secrets masked as
+    ``***`` (:func:`evolve.scrub.mask_secrets`)."""
+    extra = [str(v) for k, v in config.extra.items() if is_secret_name(k)]
+    return " ".join(mask_secrets(text, secret_values(extra), "***").split())[:500]
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -316,27 +312,9 @@ class LLMClient:
 
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
         """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
-        cached_calls, errors."""
-        summary: dict[str, dict[str, float | int]] = {}
-        for r in self._records:
-            row = summary.setdefault(
-                r.role,
-                {
-                    "calls": 0,
-                    "prompt_tokens": 0,
-                    "completion_tokens": 0,
-                    "cost_usd": 0.0,
-                    "cached_calls": 0,
-                    "errors": 0,
-                },
-            )
-            row["calls"] += 1
-            row["prompt_tokens"] += r.prompt_tokens
-            row["completion_tokens"] += r.completion_tokens
-            row["cost_usd"] += r.cost_usd or 0.0
-            row["cached_calls"] += int(r.cached)
-            row["errors"] += int(r.error is not None)
-        return summary
+        cached_calls, errors, summed by :class:`~evolve.models.usage.Tally`."""
+        tallies = by_role(asdict(r) for r in self._records)
+        return {role: tally.summary() for role, tally in tallies.items()}
 
     @property
     def records(self) -> tuple[UsageRecord, ...]:
@@ -405,7 +383,7 @@ class LLMClient:
         json_schema: dict[str, Any] | None,
         max_tokens: int,
     ) -> str:
-        extra = {k: v for k, v in config.extra.items() if not _is_secret_name(k)}
+        extra = {k: v for k, v in config.extra.items() if not is_secret_name(k)}
         payload = [config.model, messages, config.temperature, max_tokens, json_schema, extra]
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -83,7 +83,7 @@ def _normalise(text: str) -> str:
 @dataclass(frozen=True)
 class ScoreInput:
     question: Question
-    evidence: Sequence[str]  # texts of the evidence messages, rendered "role: content"
+    evidence: Sequence[str]  # texts of the evidence messages, as Message.text() renders them
     retrieved: str
 
 

@@ -1,6 +1,6 @@
-"""Shipping a candidate: exporting it as a standalone program file.
+"""Exporting a candidate as a standalone program file.
 
-Owns the format of an exported program file and :class:`ShipError`; freezing a candidate (its
+Owns the format of an exported program file and :class:`ExportError`; freezing a candidate (its
 one look at the test split) is :mod:`.freeze`, which needs the evaluation engine that this
 module does not load.
 
@@ -16,15 +16,14 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 from contract.spec import CONTRACT_VERSION
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, scores
+from evolve.files import write_atomic
 from sandbox.check import check_program
 
 TEST_SPLIT = "test"
@@ -32,8 +31,8 @@ HEADER_MARK = "# PrisMem export"
 _CODING = re.compile(r"[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")  # a PEP 263 encoding line
 
 
-class ShipError(Exception):
-    """A candidate cannot be frozen or exported; the message is one line for the user."""
+class ExportError(Exception):
+    """A candidate cannot be exported; the message is one line for the user."""
 
 
 # --- export -------------------------------------------------------------------------------
@@ -85,32 +84,24 @@ def export_text(store: RunStore, meta: CandidateMeta, when: datetime | None = No
 
 
 def export(store: RunStore, candidate_id: str, out: Path, *, force: bool = False) -> str:
-    """Check and write ``out``; returns the text written. ShipError (nothing written) when the
+    """Check and write ``out``; returns the text written. ExportError (nothing written) when the
     file exists without ``force``, the text fails the sandbox, or ``out`` cannot be written."""
     meta = store.get(candidate_id)
     if out.is_dir():
-        raise ShipError(f"--out {out} is a directory")
+        raise ExportError(f"--out {out} is a directory")
     if out.exists() and not force:
-        raise ShipError(f"{out} exists; pass --force to overwrite it")
+        raise ExportError(f"{out} exists; pass --force to overwrite it")
     if not out.parent.is_dir():
-        raise ShipError(f"cannot write {out}: folder {out.parent} does not exist")
+        raise ExportError(f"cannot write {out}: folder {out.parent} does not exist")
     text = export_text(store, meta)
     report = check_program(text, str(out))
     if not report.passed:
-        raise ShipError(f"{store.run_id}/{meta.id} does not pass the sandbox: "
+        raise ExportError(f"{store.run_id}/{meta.id} does not pass the sandbox: "
                         f"{report.repair_text()}")  # fmt: skip
-    try:
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:  # 0644: an exported program is meant to be shared
+        write_atomic(out, text.encode("utf-8"), mode=0o644)
     except OSError as exc:
-        raise ShipError(f"cannot write {out}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; an exported program is meant to be shared
-        os.replace(tmp, out)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise ShipError(f"cannot write {out}: {exc.strerror}") from None
+        raise ExportError(f"cannot write {out}: {exc.strerror}") from None
     return text
 
 
