@@ -36,7 +36,14 @@ DISTRACTORS = [
     "assistant: To repot a fern, water it a day before, loosen the root ball gently and move "
     "it to a pot one size larger with fresh peat-free compost.",
 ]
-HEADERS = ["", "[2024-03-01] ", "user: ", "(id 17) ", "Monday, March 4, 2024 - ", "Date: 2024-03-01\n"]
+HEADERS = [
+    "",
+    "[2024-03-01] ",
+    "user: ",
+    "(id 17) ",
+    "Monday, March 4, 2024 - ",
+    "Date: 2024-03-01\n",
+]
 BULLETS = ["", "- ", "* ", "• ", "1. ", "> "]
 SEPARATORS = ["\n", "\n\n", "\n---\n", "\n\n### \n\n", "\n=====\n"]
 WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=9)
@@ -75,6 +82,13 @@ def test_format_and_order_do_not_change_the_score(units: list[str], data: st.Dat
     separator = data.draw(st.sampled_from(SEPARATORS))
     styled = separator.join(f"{bullet}{header}{unit}" for unit in order)
     assert abs(_coverage(scorer, styled) - plain) <= 0.005
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_headers_do_not_change_meaning_only_credit(scorer: CoverageScorer, header: str) -> None:
+    plain = _coverage(scorer, PARAPHRASE, [EVIDENCE[2]])
+    assert 0.0 < plain < 1.0  # credit by meaning, the case a header could shift
+    assert _coverage(scorer, f"- {header}{PARAPHRASE}", [EVIDENCE[2]]) == pytest.approx(plain)
 
 
 @settings(max_examples=60, deadline=None)
