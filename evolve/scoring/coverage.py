@@ -1,0 +1,241 @@
+"""Evidence coverage: the offline fitness that measures whether the evidence reached the context.
+
+Owns :func:`evidence_coverage`, :class:`CoverageScorer`, :func:`ceiling` and
+:data:`FITNESS_VERSION` (issue 14 §1; the later metrics of design §4 build on it).
+
+Definition. Both texts are read as **token streams**: case-folded, every run of characters that
+are not letters or digits (punctuation, markup, bullets, separators, whitespace) is one break,
+so ``"[2024-03-01] - **User:** I moved."`` reads ``2024 03 01 user i moved``. An evidence
+message's leading speaker label (``user:``) is dropped, so a program that omits it loses
+nothing. For each evidence message e with m tokens, credit(e, R) ∈ [0, 1]:
+
+1. **containment** — credit 1 when some window of m consecutive tokens of R holds at least
+   ``ceil(NEAR_VERBATIM · m)`` of e's tokens (as multisets). Verbatim text is the case where it
+   holds all m; a few words substituted, inserted or deleted keep it above the level.
+2. otherwise **meaning** — ``SEMANTIC_CAP · ramp(c)`` with c the max cosine (the scorer's
+   embedder) between e and R's windows, ``ramp`` linear from 0 at :data:`COS_FLOOR` to 1 at
+   :data:`COS_FULL`, clipped; so meaning-only credit is always below a containment hit.
+   Windows are cut per **line** of R (each line alone, in pieces of :data:`WINDOW_TOKENS` tokens
+   at half-window strides from the line's start). Both e and the windows are embedded in their
+   *content view*: the token stream without format tokens (any token with a digit, speaker and
+   header words, month and weekday names, :data:`FORMAT_WORDS`), so date / role / id headers
+   change no vector.
+
+Per question: the mean credit over its evidence messages that have tokens; none → ``None``.
+
+Invariants (tests/test_coverage.py):
+
+- format invariance: headers made of format tokens, bullets, separators (on their own lines or
+  at line breaks) and the order of the units change no credit: containment reads the token
+  stream, and every window depends on one line's content view only;
+- monotone: for any texts A and B, ``credit(e, A + "\\n" + B) ≥ credit(e, A)`` and
+  ``≥ credit(e, B)`` — B's tokens only add windows after A's, and lines of A are untouched;
+- a meaning-only credit is ≤ SEMANTIC_CAP < 1 = a containment credit; the ceiling (gold
+  evidence packed into the budget) scores 1 on every question whose evidence fits, so no
+  context of the same budget beats it there.
+
+Containment costs O(|R|) per evidence (a sliding multiset count, skipped when a substring test
+or a token-count bound already decides); the embedder is called once per batch, and only for
+evidence that containment did not decide.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from evolve.models.embed import Embedder
+from evolve.scoring.offline import ScoreInput
+
+FITNESS_VERSION = "coverage-1"  # bump whenever a credit can change for the same texts
+METRICS = ("evidence_coverage", "evidence_contained")
+NEAR_VERBATIM = 0.9  # share of the evidence's tokens a window must hold for containment
+COS_FLOOR = 0.5  # cosine at which meaning-only credit starts
+COS_FULL = 0.95  # cosine at which meaning-only credit reaches SEMANTIC_CAP
+SEMANTIC_CAP = 0.9  # highest meaning-only credit (below a containment hit)
+WINDOW_TOKENS = 128  # content tokens per window of a long line (MiniLM reads ~256 pieces)
+BUDGET = 16000  # characters of retrieved text the environment allows (the ceiling's budget)
+
+_TOKEN = re.compile(r"[^\W_]+")
+_SPEAKER = re.compile(r"^\s*(?:user|assistant|system)\s*:\s*", re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
+FORMAT_WORDS = frozenset(
+    """user assistant system speaker role date time session id msg turn am pm
+    january february march april may june july august september october november december
+    jan feb mar apr jun jul aug sep sept oct nov dec
+    monday tuesday wednesday thursday friday saturday sunday
+    mon tue tues wed thu thur thurs fri sat sun""".split()
+)
+
+
+def tokens(text: str) -> list[str]:
+    """The token stream: case-folded runs of letters and digits."""
+    return _TOKEN.findall(text.casefold())
+
+
+def content_view(toks: Sequence[str]) -> list[str]:
+    """The tokens without format tokens (digits, speaker, header, month and weekday words)."""
+    return [t for t in toks if t not in FORMAT_WORDS and not _DIGIT.search(t)]
+
+
+def evidence_tokens(evidence: str) -> list[str]:
+    """An evidence message's tokens, its leading speaker label dropped."""
+    return tokens(_SPEAKER.sub("", evidence, count=1))
+
+
+def windows(retrieved: str) -> list[str]:
+    """The content-view windows of a retrieved text: per line, pieces of WINDOW_TOKENS tokens
+    at half-window strides from the line's start (each depends on its own line only)."""
+    out: list[str] = []
+    step = WINDOW_TOKENS // 2
+    for line in retrieved.split("\n"):
+        view = content_view(tokens(line))
+        starts = range(0, max(len(view) - step, 1), step) if len(view) > WINDOW_TOKENS else [0]
+        out.extend(" ".join(view[s : s + WINDOW_TOKENS]) for s in starts if view)
+    return out
+
+
+def contained(ev: Sequence[str], ctx: Sequence[str], ctx_counts: Counter[str]) -> bool:
+    """Some window of len(ev) consecutive ctx tokens holds ≥ ceil(NEAR_VERBATIM·len(ev)) of
+    ev's tokens (multiset overlap); a substring test and a count bound decide most cases."""
+    m = len(ev)
+    if f" {' '.join(ev)} " in f" {' '.join(ctx)} ":
+        return True
+    need = math.ceil(NEAR_VERBATIM * m)
+    want = Counter(ev)
+    if sum(min(n, ctx_counts[t]) for t, n in want.items()) < need:
+        return False
+    have: Counter[str] = Counter()
+    overlap = 0
+    for i, tok in enumerate(ctx):
+        if have[tok] < want[tok]:
+            overlap += 1
+        have[tok] += 1
+        if i >= m:
+            old = ctx[i - m]
+            have[old] -= 1
+            if have[old] < want[old]:
+                overlap -= 1
+        if overlap >= need:
+            return True
+    return False
+
+
+def semantic_credit(cosine: float) -> float:
+    """Meaning-only credit: SEMANTIC_CAP · linear ramp from COS_FLOOR to COS_FULL, clipped."""
+    ramp = (cosine - COS_FLOOR) / (COS_FULL - COS_FLOOR)
+    return SEMANTIC_CAP * min(max(ramp, 0.0), 1.0)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """One pair's evidence that containment left to meaning: positions in its credit row, the
+    content views of those messages and the retrieved text's windows."""
+
+    row: int
+    positions: list[int]
+    evidence: list[str]
+    windows: list[str]
+
+
+class CoverageScorer:
+    """Evidence coverage for batches of (evidence texts, retrieved text) pairs."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+
+    def credits(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[list[float]]:
+        """Per pair, the credit of each evidence message that has tokens (in order)."""
+        out: list[list[float]] = []
+        pending: list[_Pending] = []
+        for evidence, retrieved in pairs:
+            ctx = tokens(retrieved)
+            counts = Counter(ctx)
+            evs = [ev for ev in map(evidence_tokens, evidence) if ev]
+            row = [1.0 if contained(ev, ctx, counts) else 0.0 for ev in evs]
+            left = [i for i, credit in enumerate(row) if credit < 1.0]
+            if left:
+                views = [" ".join(content_view(evs[i])) for i in left]
+                pending.append(_Pending(len(out), left, views, windows(retrieved)))
+            out.append(row)
+        self._meaning(out, pending)
+        return out
+
+    def _meaning(self, out: list[list[float]], pending: list[_Pending]) -> None:
+        """Fill in the meaning-only credits: one embedding call for every text involved."""
+        texts = [t for p in pending for t in (*p.evidence, *p.windows)]
+        if not texts:
+            return
+        vectors = self.embedder.embed(texts)
+        pos = 0
+        for p in pending:
+            n_e, n_w = len(p.evidence), len(p.windows)
+            ev, win = vectors[pos : pos + n_e], vectors[pos + n_e : pos + n_e + n_w]
+            pos += n_e + n_w
+            best = (ev @ win.T).max(axis=1) if n_w else np.zeros(n_e)
+            for i, cosine in zip(p.positions, best, strict=True):
+                out[p.row][i] = semantic_credit(float(cosine))
+
+    def coverage(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[dict[str, Any]]:
+        """Per pair: ``evidence_coverage`` (mean credit), ``evidence_contained`` (share with a
+        containment hit), both None without evidence, and ``fitness_version``."""
+        return [_summary(row) for row in self.credits(pairs)]
+
+    def score(self, items: Sequence[ScoreInput]) -> list[dict[str, Any]]:
+        """:meth:`coverage` for the offline scorer's inputs."""
+        return self.coverage([(item.evidence, item.retrieved) for item in items])
+
+
+def _summary(row: Sequence[float]) -> dict[str, Any]:
+    if not row:
+        return {**dict.fromkeys(METRICS), "fitness_version": FITNESS_VERSION}
+    return {
+        "evidence_coverage": float(np.mean(row)),
+        "evidence_contained": float(np.mean([c >= 1.0 for c in row])),
+        "fitness_version": FITNESS_VERSION,
+    }
+
+
+def evidence_coverage(evidence: Sequence[str], retrieved: str, embedder: Embedder) -> float | None:
+    """One question's coverage: mean credit over its evidence; None without evidence."""
+    return CoverageScorer(embedder).coverage([(evidence, retrieved)])[0]["evidence_coverage"]
+
+
+def pack_gold(evidence: Sequence[str], budget: int = BUDGET) -> str:
+    """The gold evidence packed into ``budget`` characters: whole messages in evidence order,
+    blank-line separated; a message that no longer fits is skipped, later ones may still fit."""
+    parts: list[str] = []
+    used = 0
+    for text in evidence:
+        cost = len(text) + (2 if parts else 0)
+        if used + cost <= budget:
+            parts.append(text)
+            used += cost
+    return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The scorer on the gold evidence packed into the budget: per question and the mean over
+    the questions that have evidence (None when none has)."""
+
+    per_question: list[float | None]
+    mean: float | None
+    budget: int
+    fitness_version: str = FITNESS_VERSION
+
+
+def ceiling(
+    evidence: Sequence[Sequence[str]], scorer: CoverageScorer, budget: int = BUDGET
+) -> Ceiling:
+    """The ceiling of a split: each question's evidence texts packed by :func:`pack_gold`."""
+    rows = scorer.coverage([(ev, pack_gold(ev, budget)) for ev in evidence])
+    values = [r["evidence_coverage"] for r in rows]
+    known = [v for v in values if v is not None]
+    return Ceiling(values, float(np.mean(known)) if known else None, budget)
