@@ -398,12 +398,7 @@ class Evolution:
         if report is None:
             report = check_program(self.store.source(candidate.id), candidate.id)
         if report.program is None:
-            self.store.update(
-                candidate.id,
-                status="rejected",
-                sandbox=report.as_json(),
-                message=f"{candidate.message} [rejected: {report.repair_text()}]",
-            )
+            self._give_up(candidate, report, "rejected", report.repair_text())
             return
         self.store.log_event("evaluating", candidate=candidate.id)
         path = str(self.store.source_path(candidate.id))
@@ -433,12 +428,7 @@ class Evolution:
                 if split == "train":
                     self.store.write_traces(candidate.id, split, result.traces)
         except EvalError as exc:
-            self.store.update(
-                candidate.id,
-                status="failed",
-                sandbox=report.as_json(),
-                message=f"{candidate.message} [failed: {exc}]",
-            )
+            self._give_up(candidate, report, "failed", str(exc))
             return
         self.store.update(
             candidate.id,
@@ -453,6 +443,18 @@ class Evolution:
         )
         if candidate.stage == "integration":
             self.compare_routing(candidate.id)
+
+    def _give_up(
+        self, candidate: CandidateMeta, report: CheckReport, status: str, why: str
+    ) -> None:
+        """File a candidate that will not be evaluated (``rejected`` by the sandbox, or
+        ``failed`` in evaluation), with its sandbox report and the reason in its message."""
+        self.store.update(
+            candidate.id,
+            status=status,
+            sandbox=report.as_json(),
+            message=f"{candidate.message} [{status}: {why}]",
+        )
 
     def compare_routing(self, candidate_id: str) -> None:
         """Record the integrated program beside the two routing baselines (valid)."""
