@@ -18,7 +18,8 @@ Faults (each request draws one from the plan, or none): ``429`` (with ``Retry-Af
 ``hang`` (no answer for ``Fault.seconds``, then a normal reply; never, when None), ``truncate``
 (200 whose body stops mid-JSON and the connection closes), ``garbage`` (200 ``text/plain``
 that is not JSON) and ``prose`` (a well-formed completion whose content is prose, not the JSON
-the request asked for). Latency (``latency_s``) is waited before every reply and every fault
+the request asked for; drawn for a request that asked for no JSON, it is not injected nor
+counted, since prose is a valid answer there). Latency (``latency_s``) is waited before every reply and every fault
 but ``hang``.
 
 Invariants: only chat-completion requests are counted (``requests``, ``in_flight``,
@@ -144,10 +145,13 @@ def request_stage(body: Mapping[str, Any]) -> tuple[str, str]:
 
 def fake_script(role: str, stage: str, messages: list[Message]) -> str:
     """The default replies: :func:`~evolve.models.testing.task_script` for the task model, and a
-    judge that gives every rubric item full marks."""
+    judge that gives every rubric item full marks. Both answer the conversation's first user
+    message, so a repair turn ("reply again with the corrected JSON") gets the reply the
+    original prompt gets, as from a model that corrects itself."""
     if role == "judge":
         return json.dumps({"score": 1, "reason": "scripted judge"})
-    return task_script(role, stage, messages)
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages))
+    return task_script(role, stage, messages[: first + 1])
 
 
 class _Server(ThreadingHTTPServer):
@@ -196,6 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
             owner._count("bad_requests")
             self._json(400, _error(f"malformed request: {exc}", "invalid_request_error"))
             return
+        if fault is not None and fault.kind == "prose" and not body.get("response_format"):
+            fault = None  # prose is a fault only where JSON was asked for
         if fault is not None:
             owner._fault(fault.kind)
         wait = fault.seconds if fault is not None and fault.kind == "hang" else owner.latency_s
