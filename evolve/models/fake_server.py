@@ -19,12 +19,14 @@ Faults (each request draws one from the plan, or none): ``429`` (with ``Retry-Af
 (200 whose body stops mid-JSON and the connection closes), ``garbage`` (200 ``text/plain``
 that is not JSON) and ``prose`` (a well-formed completion whose content is prose, not the JSON
 the request asked for; drawn for a request that asked for no JSON, it is not injected nor
-counted, since prose is a valid answer there). Latency (``latency_s``) is waited before every reply and every fault
-but ``hang``.
+counted, since prose is a valid answer there). Latency (``latency_s``) is waited before every
+reply and every fault but ``hang``.
 
 Invariants: only chat-completion requests are counted (``requests``, ``in_flight``,
 ``max_in_flight``, ``faults``); the in-flight counter is raised when such a request arrives and
-lowered in a ``finally``, under one lock, so ``max_in_flight`` is exact. A wait (latency, hang)
+lowered just before its reply is written (or in a ``finally`` when none is), under one lock, so
+``max_in_flight`` is exact and a client that sends its next request as soon as a reply arrives
+is never counted twice. A wait (latency, hang)
 ends when its time is up, when the client hangs up (counted in ``disconnects``) or when the
 server stops, so :meth:`FakeModelServer.stop` returns with every handler thread joined and the
 port freed. Nothing here is ever selected silently: a caller starts a server by name.
@@ -43,7 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -166,6 +168,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = 10  # an idle connection cannot hold a handler thread for longer
+    _flying = False  # a chat-completion request counted in flight
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -175,8 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") == "/stats":
             self._json(200, asdict(owner.stats()))
         elif self.path.rstrip("/") == "/v1/models":
-            models = [{"id": m, "object": "model", "created": 0, "owned_by": "prismem"}
-                      for m in owner.models]  # fmt: skip
+            models = [{"id": m, "object": "model", "owned_by": "prismem"} for m in owner.models]
             self._json(200, {"object": "list", "data": models})
         else:
             self._json(404, _error(f"no route GET {self.path}", "not_found"))
@@ -187,10 +189,17 @@ class _Handler(BaseHTTPRequestHandler):
             return
         owner = self.server.owner
         n = owner._arrive()
+        self._flying = True
         try:
             self._complete(owner, owner.faults.fault_for(n))
         finally:
-            owner._leave()
+            self._land()
+
+    def _land(self) -> None:
+        """Count this request out of flight, once."""
+        if self._flying:
+            self._flying = False
+            self.server.owner._leave()
 
     def _complete(self, owner: FakeModelServer, fault: Fault | None) -> None:
         try:
@@ -266,6 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _head(
         self, status: int, content_type: str, length: int, headers: Mapping[str, str] = {}
     ) -> None:
+        self._land()  # before the reply, so a client's next request never overlaps this one
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(length))
@@ -395,27 +405,27 @@ class FakeModelServer:
         return self.script[used]
 
 
-def parse_rates(spec: str) -> dict[str, float]:
+def parse_rates(spec: str) -> dict[FaultKind, float]:
     """``"429:0.1,500:0.05"`` → ``{"429": 0.1, "500": 0.05}``; ValueError in one line."""
-    rates: dict[str, float] = {}
+    rates: dict[FaultKind, float] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         kind, sep, rate = item.partition(":")
         if not sep or kind not in FAULT_KINDS:
             raise ValueError(f"{item!r} is not KIND:RATE with KIND one of {', '.join(FAULT_KINDS)}")
         try:
-            rates[kind] = float(rate)
+            rates[cast(FaultKind, kind)] = float(rate)
         except ValueError:
             raise ValueError(f"{item!r}: the rate {rate!r} is not a number") from None
     return rates
 
 
-def parse_sequence(spec: str) -> list[str | None]:
+def parse_sequence(spec: str) -> list[FaultKind | None]:
     """``"ok,429,hang"`` → ``[None, "429", "hang"]`` (``ok``: no fault); ValueError in one line."""
-    kinds: list[str | None] = []
+    kinds: list[FaultKind | None] = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
         if item != "ok" and item not in FAULT_KINDS:
             raise ValueError(f"{item!r} is not ok or one of {', '.join(FAULT_KINDS)}")
-        kinds.append(None if item == "ok" else item)
+        kinds.append(None if item == "ok" else cast(FaultKind, item))
     return kinds
 
 
