@@ -187,13 +187,31 @@ def test_stop_ends_waits_joins_threads_and_frees_the_port() -> None:
     began = time.monotonic()
     server.stop()
     assert time.monotonic() - began < 2.0
+    assert set(threading.enumerate()) - before <= {hung}  # every server thread joined
     hung.join(timeout=5)
     assert [type(e) for e in errors] == [http.client.RemoteDisconnected]
-    assert set(threading.enumerate()) == before
     server.stop()  # idempotent
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5)
     FakeModelServer(port=port).stop()  # the port is free for a new server
+
+
+def test_stop_lets_a_reply_being_written_finish() -> None:
+    before = set(threading.enumerate())
+
+    def slow(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+        time.sleep(0.8)
+        return "late but whole"
+
+    server = FakeModelServer(slow).start()
+    replies: list[bytes] = []
+    waiting = threading.Thread(target=lambda: replies.append(post(server).read()))
+    waiting.start()
+    assert until(lambda: server.stats().requests == 1)
+    server.stop()
+    assert set(threading.enumerate()) - before <= {waiting}  # the handler was joined
+    waiting.join(timeout=5)
+    assert b"late but whole" in replies[0]
 
 
 def test_models_and_stats_routes() -> None:
