@@ -134,10 +134,11 @@ def request_stage(body: Mapping[str, Any]) -> tuple[str, str]:
     ``judge``/``fake/judge``; any other schema (a program's query) → ``task``/``fake/plan``; no
     schema → ``task``/``fake/answer``."""
     fmt = body.get("response_format")
-    schema = fmt.get("schema") or fmt.get("json_schema", {}).get("schema") if fmt else None
-    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    if fmt is None:
+    if not isinstance(fmt, dict):
         return "task", "fake/answer"
+    nested = fmt.get("json_schema")
+    schema = fmt.get("schema") or (nested.get("schema") if isinstance(nested, dict) else None)
+    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
     if "units" in props:
         return "task", "fake/extract"
     if "score" in props:
@@ -203,9 +204,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _complete(self, owner: FakeModelServer, fault: Fault | None) -> None:
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            messages = list(body["messages"])
-        except (ValueError, KeyError, TypeError) as exc:
+            length = max(0, int(self.headers.get("Content-Length", 0)))
+            body, messages = _parse(self.rfile.read(length))
+        except ValueError as exc:
             owner._count("bad_requests")
             self._json(400, _error(f"malformed request: {exc}", "invalid_request_error"))
             return
@@ -257,7 +258,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif fault.kind == "500":
             self._json(500, _error("internal error (injected)", "server_error"))
         elif fault.kind == "truncate":
-            data = json.dumps(_completion(body, list(body["messages"]), PROSE)).encode()
+            data = json.dumps(_completion(body, body["messages"], PROSE)).encode()
             self._head(200, "application/json", len(data))
             self.wfile.write(data[: len(data) // 2])
             self.close_connection = True
@@ -265,7 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._head(200, "text/plain", len(GARBAGE))
             self.wfile.write(GARBAGE)
         else:  # prose
-            self._json(200, _completion(body, list(body["messages"]), PROSE))
+            self._json(200, _completion(body, body["messages"], PROSE))
 
     def _json(self, status: int, payload: Any, headers: Mapping[str, str] = {}) -> None:
         data = json.dumps(payload).encode()
@@ -282,6 +283,15 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any], list[Message]]:
+    """A chat-completion body and its messages; ValueError when it is not one."""
+    body = json.loads(raw)
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ValueError("the body must be a JSON object with a list of message objects")
+    return body, messages
 
 
 def _error(message: str, kind: str) -> dict[str, Any]:
