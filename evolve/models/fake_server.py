@@ -26,10 +26,11 @@ Invariants: only chat-completion requests are counted (``requests``, ``in_flight
 ``max_in_flight``, ``faults``); the in-flight counter is raised when such a request arrives and
 lowered just before its reply is written (or in a ``finally`` when none is), under one lock, so
 ``max_in_flight`` is exact and a client that sends its next request as soon as a reply arrives
-is never counted twice. A wait (latency, hang)
-ends when its time is up, when the client hangs up (counted in ``disconnects``) or when the
-server stops, so :meth:`FakeModelServer.stop` returns with every handler thread joined and the
-port freed. Nothing here is ever selected silently: a caller starts a server by name.
+is never counted twice; every other count is made before the reply it concerns. A wait
+(latency, hang) ends when its time is up, when the client hangs up (counted in
+``disconnects``) or when the server stops, so :meth:`FakeModelServer.stop` returns with every
+handler thread joined and the port freed. Nothing here is ever selected silently: a caller
+starts a server by name.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ __all__ = [
     "FakeModelServer",
     "ServerStats",
     "fake_script",
+    "main",
+    "parse_rates",
+    "parse_sequence",
     "request_stage",
 ]
 
@@ -226,8 +230,8 @@ class _Handler(BaseHTTPRequestHandler):
             owner._count("bad_requests")
             self._json(400, _error(f"script failed: {exc}", "invalid_request_error"))
             return
+        owner._count("answered")  # before the reply, so a client that has it sees it counted
         self._json(200, _completion(body, messages, text))
-        owner._count("answered")
 
     def _wait(self, owner: FakeModelServer, seconds: float | None) -> bool:
         """Wait ``seconds`` (None: forever); False when the client hung up or the server is
@@ -492,9 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     with server:
-        print(f"fake model server at {server.base_url} (stats: GET /stats; Ctrl-C stops)")
-        sys.stdout.flush()
-        try:
+        try:  # Ctrl-C may come as soon as the address is printed
+            print(f"fake model server at {server.base_url} (stats: GET /stats; Ctrl-C stops)")
+            sys.stdout.flush()
             threading.Event().wait()
         except KeyboardInterrupt:
             pass
