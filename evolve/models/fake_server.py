@@ -469,15 +469,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> FaultPlan:
-    hang = {"retry_after": args.retry_after, "seconds": args.hang}
-    sequence = [None if k is None else Fault(kind=k, **hang) for k in parse_sequence(args.sequence)]
-    return FaultPlan(
-        sequence=tuple(sequence),
-        rates=parse_rates(args.faults),
-        seed=args.seed,
-        retry_after=args.retry_after,
-        hang_s=args.hang,
-    )
+    params = {"retry_after": args.retry_after}
+    faults = [
+        k and Fault(kind=k, seconds=args.hang, **params) for k in parse_sequence(args.sequence)
+    ]
+    rates, seed = parse_rates(args.faults), args.seed
+    return FaultPlan(sequence=tuple(faults), rates=rates, seed=seed, hang_s=args.hang, **params)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -489,11 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             models=args.model or ("fake",),
         )
-    except ValidationError as exc:
-        print(f"error: {'; '.join(e['msg'] for e in exc.errors())}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # a pydantic ValidationError is a ValueError
+        why = "; ".join(e["msg"] for e in exc.errors()) if isinstance(exc, ValidationError) else exc
+        print(f"error: {' '.join(str(why).split())}", file=sys.stderr)
         return 2
     with server:
         try:  # Ctrl-C may come as soon as the address is printed
