@@ -53,19 +53,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from evolve.models.llm import Message
 from evolve.models.testing import Script, task_script
 
-__all__ = [
-    "FAULT_KINDS",
-    "Fault",
-    "FaultPlan",
-    "FakeModelServer",
-    "ServerStats",
-    "fake_script",
-    "main",
-    "parse_rates",
-    "parse_sequence",
-    "request_stage",
-]
-
 FaultKind = Literal["429", "500", "hang", "truncate", "garbage", "prose"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("429", "500", "hang", "truncate", "garbage", "prose")
 PROSE = "Sorry, I would rather answer in words than in JSON."

@@ -4,7 +4,8 @@ Owns :class:`ScriptedLLM`, :func:`task_script` (a scripted task model) and re-ex
 :class:`~evolve.models.embed.HashingEmbedder`. Importing it registers :class:`ScriptedLLM` as the
 ``scripted`` double of :data:`evolve.models.DOUBLES` (what
 :func:`evolve.models.clients.llm_client` builds for a script): the test suite imports it, and a
-worker process does when it unpickles :func:`task_script`.
+worker process does when it unpickles :func:`task_script`. The fake model *server* (a real HTTP
+endpoint with injected faults) is :mod:`evolve.models.fake_server`.
 
 Invariants: the doubles subclass the real classes and replace only the piece that would reach
 a model (``LLMClient._transport``, ``Embedder._encode``), so accounting, caching, retries and
