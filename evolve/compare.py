@@ -25,6 +25,7 @@ from evolve.evolution.archive import fitness
 from evolve.executor import ProgressFn, evaluate
 from evolve.models.llm import LLMClient
 from evolve.resources import seed_file
+from evolve.scoring.fitness import Variant, retrieval_fitness
 from evolve.worker import WorkerConfig
 
 REFERENCE_PROGRAMS = ("simple", "dense", "hybrid", "prism", "ariadne")
@@ -49,13 +50,15 @@ def compare_programs(
     backend: JobBackend,
     judge: LLMClient | None = None,
     on_progress: ProgressFn | None = None,
+    judge_variant: Variant = "described",
 ) -> list[dict[str, Any]]:
-    """One row per program: fitness overall and per capability, similarity, hit rate, context
+    """One row per program: fitness (the mode's) overall and per capability, the retrieval
+    fitness, similarity and hit rate as diagnostics, context
     size and retrieval latency (p50/p95 ms), plus the full report's scores."""
     rows = []
     for path in paths:
         report = evaluate(path, tasks, config, judge=judge, on_progress=on_progress,
-                          backend=backend)  # fmt: skip
+                          backend=backend, judge_variant=judge_variant)  # fmt: skip
         traces = [t for t in report.traces if not t.error]
         chars = [len(t.retrieved_text) for t in traces]
         latency = [t.retrieve_ms for t in traces if t.retrieve_ms is not None]
@@ -63,6 +66,8 @@ def compare_programs(
         rows.append({
             "program": str(path),
             "fitness": fitness(overall),
+            "fitness_mode": report.meta["fitness"],
+            "retrieval_fitness": retrieval_fitness(overall),
             "by_capability": {c: fitness(report.scores["by_capability"].get(c))
                               for c in CAPABILITIES if c in report.scores["by_capability"]},
             "evidence_similarity": overall.get("evidence_similarity"),

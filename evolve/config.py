@@ -2,10 +2,11 @@
 
 Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per evolution stage,
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the
-budget caps, the repair attempts per round (:data:`REPAIRS` by default) and the ablations),
-the evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run
-evaluates on (:data:`SPLITS`). The run manifest stores the
-config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
+budget caps, the repair attempts per round (:data:`REPAIRS` by default) and the ablations), the
+evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates
+on (:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
+manifest stores the config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it
+back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
 unknown keys, wrong types and values outside their choices are refused, and a stored config
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 
 from evolve.models import why
 from evolve.models.llm import ModelConfig
+from evolve.scoring.fitness import Fitness, Variant, choose
 
 STAGES = ("cold_start", "refinement", "integration")
 SPLITS = ("train", "valid")
@@ -53,6 +55,7 @@ class RunConfig(BaseModel):
     task_model: ModelConfig | None = None  # None = offline retrieval
     coder_model: ModelConfig | None = None  # None = the offline proposer
     judge_model: ModelConfig | None = None  # scores answers by the benchmark's protocol
+    judge_variant: Variant = "described"  # BEAM's rubric variant the judged fitness reads
     max_usd: float | None = Field(default=None, ge=0)
     max_tokens: NonNegativeInt | None = None
     reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
@@ -72,6 +75,11 @@ class RunConfig(BaseModel):
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def fitness(self) -> Fitness:
+        """The fitness this run selects on (:func:`evolve.scoring.fitness.choose`)."""
+        return choose(self.bench, self.task_model, self.judge_model is not None,
+                      self.judge_variant)  # fmt: skip
 
     def replace(self, **changes: Any) -> RunConfig:
         """This config with ``changes``, validated like a new one."""

@@ -17,6 +17,9 @@ Invariants:
   score 0 on every retrieval metric they have, their answers are scored as empty answers, and
   they carry the error in their trace.
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
+- Every question's trace scores, and so every aggregate block, carry the fitness of the
+  evaluation's mode (:mod:`evolve.scoring.fitness`) under ``fitness``; ``meta.fitness`` names
+  the mode and its version.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
 """
@@ -41,6 +44,8 @@ from evolve.distributed import JobBackend, die_with_parent, make_backend
 from evolve.models.llm import LLMClient
 from evolve.models.usage import by_role
 from evolve.scoring.answers import make_scorer
+from evolve.scoring.fitness import KEY as FITNESS_KEY
+from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
 from evolve.trace import QuestionTrace
@@ -81,12 +86,15 @@ def evaluate(
     on_progress: ProgressFn | None = None,
     judge: LLMClient | None = None,
     backend: JobBackend | None = None,
+    judge_variant: Variant = "described",
 ) -> EvalReport:
     """Run every stage for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
-    client holding the judge model; None scores without a judge). Jobs run on ``backend``
-    (default: the local pool with ``jobs`` workers). A ``program`` given as a path is checked
-    first (:func:`check_file`)."""
+    client holding the judge model; None scores without a judge), then each question's
+    fitness under the mode this evaluation is in (:func:`evolve.scoring.fitness.choose`;
+    ``judge_variant``: BEAM's rubric variant it reads). Jobs run on ``backend`` (default: the
+    local pool with ``jobs`` workers). A ``program`` given as a path is checked first
+    (:func:`check_file`)."""
     check_evaluable(tasks)
     started = time.perf_counter()
     if not isinstance(program, CheckedProgram):
@@ -119,17 +127,21 @@ def evaluate(
             trace.question, trace.scores = item.question.question, scores
             traces.append(trace)
 
-    metrics = list(METRICS)
     answers = make_scorer(tasks.bench, judge)
+    judged = answers.describe()["judge"] is not None
+    fit = choose(tasks.bench, None if config.offline else config.task_model, judged, judge_variant)
+    metrics = [FITNESS_KEY, *METRICS]
     usage = [u for r in results.values() for u in r.usage]
     judged_before = len(judge.records) if judge is not None else 0
     if not config.offline:
         metrics += answers.metrics
         for trace in traces:  # a failed question is scored as an empty answer
             text = trace.answer if trace.answer is not None and not trace.error else ""
-            judged = answers.score(by_id[trace.id], text)
-            trace.scores.update(judged.scores)
-            trace.judged = judged.detail
+            scored = answers.score(by_id[trace.id], text)
+            trace.scores.update(scored.scores)
+            trace.judged = scored.detail
+    for trace in traces:
+        trace.scores[FITNESS_KEY] = fit.question(trace.scores)
     rows = [(by_id[t.id], t.scores) for t in traces]
     summary = aggregate(rows, metrics)
     if not config.offline:
@@ -154,6 +166,7 @@ def evaluate(
                 "judge": answers.describe()["judge"],
             },  # fmt: skip
             "judge": answers.describe(),
+            "fitness": fit.describe(),
             "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
             "errors": sum(1 for t in traces if t.error),

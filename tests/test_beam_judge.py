@@ -99,9 +99,11 @@ def test_headline_averages_questions_per_conversation_then_conversations():
     assert summary["described"]["by_ability"] == {"information_extraction": 0.875}
 
 
-def test_without_a_judge_nothing_is_scored_and_the_report_says_so():
+def test_without_a_judge_nothing_is_judged_and_the_report_says_so():
     scorer = make_scorer("beam", None)
-    assert set(scorer.score(question(), "x").scores.values()) == {None}
+    scores = scorer.score(question(), "x").scores
+    assert {v for k, v in scores.items() if k != "answer_f1"} == {None}
+    assert scores["answer_f1"] == 0.0  # the judge-free token F1 is still computed
     assert scorer.describe()["judge"] is None and "no judge" in scorer.describe()["note"]
     described = Scorer(ScriptedLLM([])).describe()
     assert described["judge"] == "scripted" and len(described["prompts"]["rubric"]) == 64

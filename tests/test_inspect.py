@@ -20,6 +20,7 @@ from evolve.evolution.archive import fitness
 from evolve.evolution.export import HEADER_MARK, split_preamble
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
+from evolve.scoring.fitness import retrieval_fitness
 from sandbox.check import check_program
 from sandbox.fingerprint import fingerprints
 
@@ -95,8 +96,11 @@ def test_status_reports_stage_best_specialists_and_spend(
                                 "integration": {"done": 0, "planned": 0}}  # fmt: skip
     valid = best.scores["valid"]["overall"]
     assert status["best"] == {"id": best.id, "fitness": pytest.approx(fitness(valid)),
+                              "retrieval_fitness": pytest.approx(retrieval_fitness(valid)),
                               "similarity": valid["evidence_similarity"],
                               "hit_rate": valid["evidence_hit_rate"]}  # fmt: skip
+    assert status["fitness"]["name"] == "retrieval"  # offline
+    assert fitness(valid) == pytest.approx(retrieval_fitness(valid))  # same definition offline
     kept = specialists(candidates)
     assert {cap: s["id"] for cap, s in status["specialists"].items()} == {
         cap: m.id for cap, m in kept.items()
@@ -259,7 +263,7 @@ def test_freeze_scores_test_once(copy: RunStore, capsys: pytest.CaptureFixture[s
     assert "selection on test" in err and report["other_frozen"] == [copy.get("c0001").id]
     meta = copy.get("c0002")
     assert meta.frozen and report["scored"] is True and report["test"] == meta.scores["test"]
-    assert set(meta.scores["test"]) == {"overall", "by_capability", "errors"}
+    assert set(meta.scores["test"]) == {"fitness", "overall", "by_capability", "errors"}
     assert meta.scores["test"]["overall"]["n"] > 0 and meta.scores["test"]["errors"] == 0
     assert {k: meta.scores[k] for k in ("train", "valid")} == before[meta.id]
     assert report["test_fitness"] == pytest.approx(fitness(meta.scores["test"]["overall"]))

@@ -403,7 +403,7 @@ def test_each_type_gets_its_prompt(variants: dict[str, TaskSet]) -> None:
     scorer = judge.Scorer(llm)
     for q in variants["s"].questions:
         judged = scorer.score(q, f"response to {q.id}")
-        assert judged.scores == {"judge_correct": 1.0}
+        assert judged.scores["judge_correct"] == 1.0
         assert judged.detail == {"prompt": EXPECTED_PROMPT[q.id], "reply": "Yes."}
         role, stage, _ = llm.transport_calls[-1]
         assert (role, stage) == ("judge", "longmemeval/judge")
@@ -423,9 +423,8 @@ def test_each_type_gets_its_prompt(variants: dict[str, TaskSet]) -> None:
 )
 def test_reply_parsing(reply: str, label: float, variants: dict[str, TaskSet]) -> None:
     scorer = judge.Scorer(ScriptedLLM([reply]))
-    assert scorer.score(variants["s"].questions[0], "Business Administration").scores == {
-        "judge_correct": label
-    }
+    scores = scorer.score(variants["s"].questions[0], "Business Administration").scores
+    assert scores["judge_correct"] == label
 
 
 def test_summary_by_hand(variants: dict[str, TaskSet]) -> None:
@@ -465,7 +464,7 @@ def test_no_judge(variants: dict[str, TaskSet]) -> None:
     task_only = ScriptedLLM(["Yes."], models=Models(task=ModelConfig(model="scripted")))
     for scorer in (judge.Scorer(None), make_scorer("longmemeval", task_only)):
         q = variants["s"].questions[0]
-        assert scorer.score(q, "Business Administration").scores == {"judge_correct": None}
+        assert scorer.score(q, "Business Administration").scores["judge_correct"] is None
         summary = scorer.summarize([(q, {"judge_correct": None})])
         assert summary["overall_accuracy"] is None and summary["n_judged"] == 0
         assert summary["task_averaged_accuracy"] is None
@@ -476,7 +475,7 @@ def test_no_judge(variants: dict[str, TaskSet]) -> None:
 
 def test_describe_and_registry() -> None:
     scorer = make_scorer("longmemeval", ScriptedLLM(["Yes."]))
-    assert isinstance(scorer, judge.Scorer) and scorer.metrics == ("judge_correct",)
+    assert isinstance(scorer, judge.Scorer) and scorer.metrics == ("judge_correct", "answer_f1")
     described = scorer.describe()
     assert described["judge"] == "scripted" and "no judge was used" not in described["note"]
     assert described["prompts"] == {n: prompt_sha256(t) for n, t in judge.PROMPTS.items()}

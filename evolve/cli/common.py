@@ -154,6 +154,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "without one only the retrieval metrics are scored",
     )
     parser.add_argument(
+        "--judge-variant",
+        default="described",
+        choices=["described", "official"],
+        help="BEAM rubric judge variant the judged fitness reads (default described)",
+    )
+    parser.add_argument(
         "--api-base", default=None, help="API base URL of the models (e.g. a local server)"
     )
     parser.add_argument(

@@ -142,7 +142,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if judge is not None and task_model is None:
         err.print("[yellow]--judge has nothing to score without a task model (--model)[/]")
     elif judge is None and task_model is not None:
-        err.print("[yellow]no judge configured (--judge): answers are not scored[/]")
+        err.print("[bold yellow]no judge configured (--judge): answers are scored WITHOUT a "
+                  "judge (token F1 against the gold answer)[/]")  # fmt: skip
 
     with ProgressBar(len(tasks.questions), not args.no_progress) as advance:
         try:
@@ -155,6 +156,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 hit_threshold=args.hit_threshold,
                 judge=judge,
                 backend=backend_of(args),
+                judge_variant=args.judge_variant,
             )
         except EvalError as exc:
             raise UsageError(str(exc)) from None
@@ -194,23 +196,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
         try:
             judge = judge_client(args.judge, args.api_base, Path(cache))
             rows = compare_programs(paths, tasks, config, on_progress=advance, judge=judge,
-                                    backend=backend_of(args))  # fmt: skip
+                                    backend=backend_of(args),
+                                    judge_variant=args.judge_variant)  # fmt: skip
         except EvalError as exc:
             raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps({"bench": tasks.bench, "split": tasks.split, "programs": rows}, indent=2))
         return 0
     caps = [c for c in CAPABILITY_NAMES if any(c in r["by_capability"] for r in rows)]
+    mode = rows[0]["fitness_mode"] if rows else {"name": "retrieval", "definition": ""}
     table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
-                  f"= mean of evidence similarity and hit rate · tokens ≈ characters / "
+                  f"{mode['name']} = {mode['definition']} · tokens ≈ characters / "
                   f"{CHARS_PER_TOKEN}")  # fmt: skip
-    for column in ("program", "fitness", *caps, "similarity", "hit rate", "ctx chars",
-                   "ctx tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
+    for column in ("program", "fitness", *caps, "retrieval fitness", "similarity", "hit rate",
+                   "ctx chars", "ctx tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
         table.add_column(column, justify="left" if column == "program" else "right")
     for r in rows:
         table.add_row(
             Path(r["program"]).stem, fmt_score(r["fitness"]),
             *(fmt_score(r["by_capability"].get(c)) for c in caps),
+            fmt_score(r["retrieval_fitness"]),
             fmt_score(r["evidence_similarity"]), fmt_score(r["evidence_hit_rate"]),
             _num(r["context_chars"]), _num(r["context_tokens"]),
             _num(r["retrieve_ms_p50"], 1), _num(r["retrieve_ms_p95"], 1),
@@ -304,6 +309,8 @@ def _print_report(report: dict[str, Any]) -> None:
         out.print(line)
     if meta["mode"] != "offline: retrieval-only":
         out.print(f"judge: {meta['judge']['judge'] or 'none'} — {meta['judge']['note']}")
+    fit = meta.get("fitness") or {}
+    out.print(f"fitness {fit.get('name')} v{fit.get('version')}: {fit.get('definition')}")
     stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
                        + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
                        for s, c in report["stages"].items())  # fmt: skip

@@ -211,10 +211,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     out.print(f"rounds: {progress} — {where}", highlight=False)
     if status["stopped"]:
         out.print(f"[bold yellow]stopped:[/] {escape(status['stopped'])}", highlight=False)
+    mode = status["fitness"]
+    out.print(f"fitness: {mode['name']} (version {mode['version'] or 'unrecorded'})")
     best = status["best"]
     if best:
         out.print(
-            f"best overall: {best['id']} valid fitness {fmt_score(best['fitness'])} (similarity "
+            f"best overall: {best['id']} valid fitness {fmt_score(best['fitness'])} (retrieval "
+            f"fitness {fmt_score(best['retrieval_fitness'])}, similarity "
             f"{fmt_score(best['similarity'])}, hit rate {fmt_score(best['hit_rate'])})"
         )
     if status.get("diagnostics"):

@@ -162,9 +162,20 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
         coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
+        judge_variant=args.judge_variant,
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         reuse=not args.no_reuse, **caps,
     )  # fmt: skip
+
+
+def _say_fitness(config: RunConfig) -> None:
+    """Which fitness selection uses; loudly when answers are scored without a judge."""
+    fit = config.fitness().describe()
+    line = f"fitness {fit['name']} v{fit['version']}: {fit['definition']}"
+    if fit["name"] == "answer-f1":
+        err.print(f"[bold yellow]no judge configured (--judge) — {line}[/]")
+    else:
+        err.print(line)
 
 
 def _check_seed(seed: str) -> None:
@@ -218,6 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.task_model is None:
         err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
+    _say_fitness(config)
     if args.resume:
         _say_unrecovered(store)
     with ProgressBar(sum(config.rounds.values()), not args.no_progress, "round") as advance:

@@ -3,8 +3,11 @@
 Owns :func:`fitness`, :func:`question_fitness`, :func:`improves` (the paired bootstrap test),
 :class:`Archive` and :func:`archive`.
 
-- **Fitness** of a score block (overall, one capability, or one question) is the mean of
-  evidence similarity and evidence hit rate, the offline retrieval signal.
+- **Fitness** of a score block (overall, one capability, or one question) is the value of the
+  run's fitness mode (:mod:`evolve.scoring.fitness`: ``judged`` with a task model and a judge,
+  ``answer-f1`` with a task model alone, ``retrieval`` offline), written by the executor; old
+  blocks without it read as ``retrieval`` (mean of evidence similarity and hit rate). Under
+  ``judged`` every question counts, abstention included.
 - **Acceptance is a paired test, not a raw difference** (docs/design.md §4, capability-level
   evaluation): a challenger replaces the holder only when, over the valid questions both were
   scored on (of the capability in question, or all of them for the best overall), the
@@ -28,29 +31,34 @@ import numpy as np
 
 from evolve.datasets.types import CAPABILITIES
 from evolve.evolution.store import CandidateMeta
+from evolve.scoring.fitness import KEY as FITNESS_KEY
+from evolve.scoring.fitness import Fitness, retrieval_fitness
 from evolve.trace import QuestionTrace
 
 CONFIDENCE = 0.9  # share of bootstrap means that must lie above zero
 RESAMPLES = 2000
+RETRIEVAL = Fitness("retrieval", "")  # how traces from before modes were recorded read
 
 
 def fitness(block: dict[str, Any] | None) -> float:
-    """Mean of evidence similarity and hit rate; 0 for a missing or empty block."""
-    if not block:
-        return 0.0
-    values = [block.get("evidence_similarity"), block.get("evidence_hit_rate")]
-    present = [v for v in values if isinstance(v, int | float)]
-    return sum(present) / len(values) if present else 0.0
+    """The selection fitness of a score block (overall, one capability, or one question's
+    scores): the value of its run's mode (:mod:`evolve.scoring.fitness`, key ``fitness``);
+    a block from before modes were recorded reads as ``retrieval``. 0 when missing or empty."""
+    if block and FITNESS_KEY in block:
+        value = block[FITNESS_KEY]
+        return float(value) if isinstance(value, int | float) else 0.0
+    return retrieval_fitness(block)
 
 
 def question_fitness(traces: Iterable[QuestionTrace]) -> dict[str, float]:
-    """Per-question fitness of scored traces (questions without any retrieval metric, such as
-    BEAM's abstention questions, are left out: they cannot tell two programs apart)."""
+    """Per-question fitness of scored traces. A question without a value under the mode (offline:
+    one without any retrieval metric, such as BEAM's abstention questions) is left out."""
     out = {}
-    metrics = ("evidence_similarity", "evidence_hit_rate")
     for t in traces:
-        if any(isinstance(t.scores.get(k), int | float) for k in metrics):
-            out[t.id] = fitness(t.scores)
+        value = t.scores.get(FITNESS_KEY) if FITNESS_KEY in t.scores else RETRIEVAL.question(
+            t.scores)  # fmt: skip
+        if isinstance(value, int | float):
+            out[t.id] = float(value)
     return out
 
 

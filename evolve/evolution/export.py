@@ -22,7 +22,7 @@ from pathlib import Path
 
 from contract.spec import CONTRACT_VERSION
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.summary import ancestry, scores
+from evolve.evolution.summary import ancestry, fitness_mode, scores
 from evolve.files import write_atomic
 from sandbox.check import check_program
 
@@ -60,7 +60,7 @@ def header(store: RunStore, meta: CandidateMeta, when: datetime | None = None) -
         f"# exported: {when.isoformat(timespec='seconds')}",
         f"# source sha256: {meta.source_sha256} (this file without this block and the blank "
         "line after it)",
-        "# scores (fitness = mean of evidence similarity and hit rate):",
+        f"# scores (fitness: {fitness_mode(store.manifest)['name']}):",
     ]
     for split in ("valid", "train", TEST_SPLIT):
         s = scores(meta.scores.get(split, {}).get("overall"))

@@ -18,10 +18,11 @@ Invariants:
   ``freeze-<id>/`` either way, and the stage cache keeps what was computed.
 - **The test tasks match the run's.** Same restriction to the first ``conversations``
   conversations as the loop's (:func:`evolve.evolution.loop.task_set`), the run's embedder,
-  cache and task model unless the caller overrides them (:func:`~evolve.evolution.loop.
-  worker_config`); the block has the shape of train/valid (``overall``, ``by_capability``,
-  ``errors``). The ``frozen`` event records the sha256 of every test data file read, as the
-  manifest does for train and valid.
+  cache and task model unless the caller overrides them
+  (:func:`~evolve.evolution.loop.worker_config`), and its judge (so the test score is the run's
+  fitness mode); the block has the shape of train/valid (``fitness``, ``overall``,
+  ``by_capability``, ``errors``). The ``frozen`` event records the sha256 of every test data
+  file read, as the manifest does for train and valid.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from typing import Any
 from evolve.config import ConfigError, stored_config
 from evolve.distributed import make_backend
 from evolve.evolution.archive import fitness
+from evolve.evolution.budget import calls_path
 from evolve.evolution.export import TEST_SPLIT
 from evolve.evolution.loop import task_set, worker_config
 from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, evaluate, write_run
+from evolve.models.clients import role_client
 from evolve.trace import first_error
 
 
@@ -106,6 +109,13 @@ def freeze(
                 worker,
                 on_progress=advance,
                 backend=make_backend(config.backend, jobs or config.jobs, config.ray_address),
+                judge=role_client(
+                    "judge",
+                    config.judge_model,
+                    log_path=calls_path(store.root),
+                    cache_path=Path(worker.cache_dir) / "llm-cache.sqlite",
+                ),
+                judge_variant=config.judge_variant,
             )
         except EvalError as exc:
             raise FreezeError(str(exc)) from None
@@ -118,6 +128,7 @@ def freeze(
             f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"
         )
     block = {
+        "fitness": report.meta["fitness"],
         "overall": report.scores["overall"],
         "by_capability": report.scores["by_capability"],
         "errors": report.meta["errors"],

@@ -134,8 +134,9 @@ Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds 
 class Evolution:
     """Runs (or resumes) the loop of one run store.
 
-    ``coder`` and ``annotator`` replace the clients built from ``config.coder_model`` (tests
-    pass a :class:`~evolve.models.testing.ScriptedLLM` logging to the run's call log);
+    ``coder`` and ``annotator`` replace the clients built from ``config.coder_model``, and
+    ``judge`` the one built from ``config.judge_model`` (tests pass a
+    :class:`~evolve.models.testing.ScriptedLLM` logging to the run's call log);
     ``task_script`` makes the evaluation workers answer task prompts from a script (tests only).
     """
 
@@ -147,6 +148,7 @@ class Evolution:
         *,
         coder: LLMClient | None = None,
         annotator: LLMClient | None = None,
+        judge: LLMClient | None = None,
         task_script: Callable[..., str] | None = None,
     ) -> None:
         self.store = store
@@ -165,8 +167,8 @@ class Evolution:
         # the offline proposer reads constants and scores, never cases: none are built for it
         self.builds_cases = not isinstance(self.proposer, OfflineProposer)
         self._backend: JobBackend | None = None  # started on the first evaluation
-        self.judge = role_client("judge", config.judge_model, log_path=log,
-                                 cache_path=cache if config.reuse else None)  # fmt: skip
+        self.judge = judge or role_client("judge", config.judge_model, log_path=log,
+                                          cache_path=cache if config.reuse else None)  # fmt: skip
         self.worker = worker_config(config, store.root, "evolve", script=task_script)
         self._tasks: dict[str, TaskSet] = {}
         self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
@@ -412,8 +414,10 @@ class Evolution:
                 diagnose = split == "train" and candidate.stage in ("seed", "cold_start")
                 worker = dataclasses.replace(self.worker, diagnose=diagnose)
                 result = evaluate(program, self.tasks(split), worker, judge=self.judge,
-                                  backend=self.backend)  # fmt: skip
+                                  backend=self.backend,
+                                  judge_variant=self.config.judge_variant)  # fmt: skip
                 scores[split] = {
+                    "fitness": result.meta["fitness"],  # the mode: name and version
                     "overall": result.scores["overall"],
                     "by_capability": result.scores["by_capability"],
                     "headline": result.scores.get("headline"),

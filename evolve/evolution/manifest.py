@@ -4,8 +4,8 @@ Owns :func:`build_manifest` and :func:`data_hashes`. The manifest records the be
 split each of train and valid reads (:func:`evolve.datasets.benches.run_split`) and the bench's
 split file (with sha256), the sha256 of every data file the run's train and valid splits read,
 the seed program's path and sha256, the model configurations per role and the embedder, the run
-config (rounds, caps, jobs, rng seed), the versions of Python and of the packages that shape
-results, and the platform.
+config (rounds, caps, jobs, rng seed), the fitness it selects on (name and version), the
+versions of Python and of the packages that shape results, and the platform.
 
 Invariants: only the train and valid splits are hashed — the run never opens the test split's
 files (``freeze`` does, and records its own digest). The manifest holds no secret: model
@@ -67,6 +67,7 @@ def build_manifest(config: RunConfig) -> dict[str, Any]:
         "bench": config.bench,
         "contract_version": CONTRACT_VERSION,
         "config": stored,
+        "fitness": config.fitness().describe(),
         "splits": {split: run_split(config.bench, root, split) for split in SPLITS},
         "splits_file": {"path": split_file.name, "sha256": sha256_file(split_file)},
         "data": {split: data_hashes(config, split) for split in SPLITS},

@@ -28,7 +28,7 @@ from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.summary import local_time, split_fitness
+from evolve.evolution.summary import fitness_mode, local_time, split_fitness
 from evolve.scoring import fmt_score
 
 TEMPLATE = "report.html.j2"  # beside this module
@@ -54,6 +54,7 @@ def report_data(store: RunStore) -> dict[str, Any]:
         "run": store.run_id,
         "created": local_time(store.manifest.get("created")),
         "config": store.manifest.get("config", {}),
+        "fitness": fitness_mode(store.manifest),
         "best": kept.best.id if kept.best else None,
         "specialists": {cap: m.id for cap, m in kept.specialists.items()},
         "matrix": matrix,

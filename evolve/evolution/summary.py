@@ -4,8 +4,9 @@ Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.
 here writes to a run. Everything is derived from the store on each call — best overall and
 specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own selection),
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
-always :func:`~evolve.evolution.archive.fitness`
-(the loop's selection signal) and ``None`` where a candidate has no score on that split.
+always :func:`~evolve.evolution.archive.fitness` (the loop's selection signal: the run's fitness
+mode, :func:`fitness_mode`) and ``None`` where a candidate has no score on that split; the
+retrieval fitness, similarity and hit rate stay beside it as diagnostics.
 Damaged candidates are left out as the store leaves them out (an ancestor that does not load
 ends its branch). :func:`evaluation` describes an ``evolve eval`` folder.
 """
@@ -25,6 +26,7 @@ from evolve.evolution.budget import read_spend
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
 from evolve.models import damaged, why
 from evolve.scoring import fmt_score
+from evolve.scoring.fitness import mode_of, retrieval_fitness
 
 
 def local_time(ts: float | None) -> str | None:
@@ -32,13 +34,21 @@ def local_time(ts: float | None) -> str | None:
 
 
 def scores(block: dict[str, Any] | None) -> dict[str, float | None]:
-    """Fitness, evidence similarity and hit rate of one score block (None where missing)."""
+    """Fitness (the run's mode), retrieval fitness, evidence similarity and hit rate of one score
+    block (None where missing)."""
     block = block or {}
     return {
         "fitness": fitness(block) if block else None,
+        "retrieval_fitness": retrieval_fitness(block) if block else None,
         "similarity": block.get("evidence_similarity"),
         "hit_rate": block.get("evidence_hit_rate"),
     }
+
+
+def fitness_mode(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The fitness a run selects on, as its manifest records it (runs from before modes were
+    recorded selected on ``retrieval``)."""
+    return manifest.get("fitness") or {"name": mode_of(None), "version": None}
 
 
 def split_fitness(
@@ -119,6 +129,7 @@ def status(store: RunStore) -> dict[str, Any]:
         "round": rounds[stage]["done"] + 1 if stage in rounds else None,
         "rounds": rounds,
         "stopped": stopped,
+        "fitness": fitness_mode(manifest),
         "best": {"id": best.id, **scores(best.scores["valid"]["overall"])} if best else None,
         "diagnostics": best.scores["train"].get("diagnostics") if best else None,
         "specialists": {

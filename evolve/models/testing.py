@@ -83,6 +83,7 @@ class ScriptedLLM(LLMClient):
         return Completion(text, prompt_tokens, completion_tokens, cost, 0.0, False, config.model)
 
 
+_ANSWER_MARK = re.compile(r"SCRIPTED-ANSWER\[([^\]]*)\]")
 _MESSAGE_LINE = re.compile(r"^\[(?P<id>[^\]]+)\] (?P<role>\w+): (?P<text>.*)$")
 
 
@@ -91,7 +92,9 @@ def task_script(role: str, stage: str, messages: list[Message]) -> str:
 
     Answers the executor's three task prompts by stage: extraction → one ``{"content": ...}``
     unit per rendered ``[id] role: text`` line (its first 300 characters); planning →
-    ``{"text": <the question>}``; answer → a fixed sentence. Programs whose MemoryUnit and
+    ``{"text": <the question>}``; answer → a fixed sentence, or ``X`` when the program's answer
+    instruction contains ``SCRIPTED-ANSWER[X]`` (so a revision of the instruction changes the
+    answers). Programs whose MemoryUnit and
     Query have other required fields get validation errors, as they would from a real model.
     """
     prompt = str(messages[-1].get("content", ""))
@@ -102,7 +105,8 @@ def task_script(role: str, stage: str, messages: list[Message]) -> str:
     if stage.endswith("/plan"):
         question = prompt.rsplit("Question: ", 1)[-1].split("\n", 1)[0]
         return json.dumps({"text": question})
-    return "This is a scripted answer."
+    wanted = _ANSWER_MARK.search(prompt)
+    return wanted.group(1) if wanted else "This is a scripted answer."
 
 
 DOUBLES["scripted"] = ScriptedLLM

@@ -20,8 +20,12 @@ Protocol:
 - **Headline**: per ability, the mean over questions within each conversation, then over
   conversations (as ``report_results.py`` does); overall = the mean of the ten ability scores.
 
+- **Judge-free** ``answer_f1`` (always computed, the ``answer-f1`` fitness of
+  :mod:`evolve.scoring.fitness`): LoCoMo's official Porter-stemmed token F1 against the gold
+  answer — a stated stand-in, not a BEAM metric.
+
 Invariants: judge calls use role ``judge`` and stages ``beam/rubric`` and ``beam/align``;
-without a judge every metric is ``None``. Prompt hashes are in :meth:`Scorer.describe`.
+without a judge every judged metric is ``None``. Prompt hashes are in :meth:`Scorer.describe`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 from evolve.datasets.types import Question
 from evolve.models.llm import LLMClient
 from evolve.scoring.answers import Judged, prompt_sha256
+from evolve.scoring.locomo import token_f1
 from evolve.scoring.ordering import ordering_scores
 
 VARIANTS = ("official", "described")
@@ -85,16 +90,26 @@ def _score_value(data: Any) -> float:
     return value
 
 
+def answer_f1(question: Question, answer: str) -> float:
+    """The judge-free answer metric: LoCoMo's official stemmed token F1 against the gold answer
+    (the rubric items joined when a question has no gold answer)."""
+    return token_f1(answer, question.gold or " ".join(question.rubric))
+
+
 class Scorer:
     """BEAM's rubric judge and ordering score; see the module docstring."""
 
     bench = "beam"
-    metrics = ("beam_official", "beam_described", "ordering_f1", "ordering_final")
+    metrics = ("beam_official", "beam_described", "ordering_f1", "ordering_final", "answer_f1")
 
     def __init__(self, judge: LLMClient | None) -> None:
         self.judge = judge if judge is not None and judge.available("judge") else None
 
     def score(self, question: Question, answer: str) -> Judged:
+        judged = self._judged(question, answer)
+        return Judged({**judged.scores, "answer_f1": answer_f1(question, answer)}, judged.detail)
+
+    def _judged(self, question: Question, answer: str) -> Judged:
         if self.judge is None or not question.rubric:
             return Judged(dict.fromkeys(self.metrics))
         if question.ability == ORDERING:

@@ -19,6 +19,9 @@ Protocol:
   question), task-averaged accuracy (mean of the per-type accuracies over the types that have
   judged questions; all six on a full split), abstention accuracy (the ``_abs`` items, which
   also count in their type).
+- **Judge-free** ``answer_f1`` (always computed, the ``answer-f1`` fitness of
+  :mod:`evolve.scoring.fitness`): LoCoMo's official stemmed token F1 against the gold answer,
+  a stated stand-in, not a LongMemEval metric.
 
 Invariants: without a judge ``judge_correct`` is ``None`` and :meth:`Scorer.describe` says that
 no judge was used; the official numbers use gpt-4o-2024-08-06, so results with another judge
@@ -33,6 +36,7 @@ from evolve.datasets.longmemeval import TYPES, is_abstention
 from evolve.datasets.types import Question
 from evolve.models.llm import LLMClient
 from evolve.scoring.answers import Judged, prompt_sha256
+from evolve.scoring.locomo import token_f1
 
 STAGE = "longmemeval/judge"
 MAX_TOKENS = 10
@@ -127,21 +131,23 @@ class Scorer:
     """LongMemEval's per-type yes/no judge; see the module docstring."""
 
     bench = "longmemeval"
-    metrics = (METRIC,)
+    metrics = (METRIC, "answer_f1")
 
     def __init__(self, judge: LLMClient | None) -> None:
         self.judge = judge if judge is not None and judge.available("judge") else None
 
     def score(self, question: Question, answer: str) -> Judged:
         name = prompt_name(question)
+        f1 = token_f1(answer, question.gold)
         if self.judge is None:
-            return Judged({METRIC: None})
+            return Judged({METRIC: None, "answer_f1": f1})
         prompt = PROMPTS[name].format(
             question=question.question, gold=question.gold, response=answer
         )
         reply = self.judge.complete("judge", STAGE, prompt, max_tokens=MAX_TOKENS)
         label = "yes" in reply.text.lower()
-        return Judged({METRIC: 1.0 if label else 0.0}, {"prompt": name, "reply": reply.text})
+        scores: dict[str, float | None] = {METRIC: 1.0 if label else 0.0, "answer_f1": f1}
+        return Judged(scores, {"prompt": name, "reply": reply.text})
 
     def max_judge_calls(self, question: Question) -> int:
         return 1
