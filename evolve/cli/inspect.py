@@ -2,11 +2,9 @@
 
 ``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
 ``freeze`` delegates to :mod:`evolve.evolution.freeze` (imported when it runs: it needs the
-evaluation engine, which the other commands do not load) and ``export`` to
-:mod:`evolve.evolution.export`; ``report`` writes the HTML
-page of :mod:`evolve.evolution.report` (into the run folder unless ``--out`` says otherwise).
-Parsing and rendering live here; the data comes from :mod:`evolve.evolution.summary` and the
-:class:`~evolve.evolution.store.RunStore`.
+evaluation engine, which the other commands do not load), ``export`` to
+:mod:`evolve.evolution.export`, ``report`` to :mod:`evolve.evolution.report`. Parsing and
+rendering live here; the data comes from :mod:`evolve.evolution.summary` and the run store.
 
 Invariants:
 
@@ -17,8 +15,7 @@ Invariants:
   :class:`~evolve.cli.common.UsageError`); the store's RunNotFound / CandidateNotFound /
   DamagedFile, export's ExportError and freeze's FreezeError are turned into one. Damaged
   candidates the store skips are ``warning:`` lines, and the rest is shown.
-- With ``--json`` a command prints exactly one JSON object on stdout; notes and warnings go to
-  stderr either way.
+- With ``--json`` a command prints one JSON object on stdout; notes and warnings go to stderr.
 """
 
 from __future__ import annotations
