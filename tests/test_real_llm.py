@@ -219,7 +219,7 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
 ) -> None:
     runs = tmp_path / "runs"
     began = time.monotonic()
-    done = evolve("run", "--model", MODEL, "--api-base", server,
+    done = evolve("run", "--model", MODEL, "--judge", MODEL, "--api-base", server,
                   "--rounds", "1,1,0", "--conversations", "1", "--repairs", "1",
                   "--coder-max-tokens", str(REPLY_TOKENS), "--task-max-tokens", str(REPLY_TOKENS),
                   "--data-dir", str(shared["all"]), "--cache-dir", str(shared["cache"]),
@@ -228,7 +228,7 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     assert done.returncode == 0, done.stderr[-2000:]
     (run,) = runs.iterdir()
     rows = calls(run / "calls.sqlite")
-    assert {r["role"] for r in rows} == {"task", "annotator", "coder"}  # the eval test judges
+    assert {r["role"] for r in rows} == {"task", "annotator", "coder", "judge"}
     coder_stages = {r["stage"] for r in rows if r["role"] == "coder"}
     assert {"cold_start/diagnose", "refinement/diagnose"} <= coder_stages
     assert {"cold_start/propose", "refinement/propose"} <= coder_stages
@@ -240,6 +240,11 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout)
     assert summary["stage"] == "finished"
+    # with a task model and a judge the run selects on the judged task score (issue 18)
+    assert summary["fitness"]["name"] == "judged" and summary["fitness"]["version"]
+    best = summary["best"]
+    assert isinstance(best["fitness"], float) and 0.0 <= best["fitness"] <= 1.0
+    assert isinstance(best["retrieval_fitness"], float)  # kept beside it as a diagnostic
     total = summary["spend"]["total"]  # tokens spent; a cache hit's tokens are counted apart
     assert total["tokens"] == sum(r["prompt_tokens"] + r["completion_tokens"] for r in fresh)
     assert total["cached_tokens"] == sum(
