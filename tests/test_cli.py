@@ -472,6 +472,12 @@ def test_run_records_absolute_paths_so_resume_works_from_elsewhere(
         assert Path(config[key]).is_absolute(), (key, config[key])
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, "run", "--resume", run.name, "--runs-dir", str(runs),
-                           "--rounds", "0,2,0", "--no-progress")  # fmt: skip
+                           "--bench", "locomo", "--rounds", "0,2,0", "--no-progress")  # fmt: skip
+    assert code == 2 and error_lines(err) == [  # a resumed run keeps its bench, said, not ignored
+        f"error: run {run.name} evolves on beam; --bench locomo cannot change that "
+        "(start a new run for another bench)"
+    ]
+    code, _, err = run_cli(capsys, "run", "--resume", run.name, "--runs-dir", str(runs),
+                           "--bench", "beam", "--rounds", "0,2,0", "--no-progress")  # fmt: skip
     assert code == 0, err
     assert len(RunStore.open(runs, run.name).candidates()) == 3

@@ -123,6 +123,7 @@ def add_command(sub: Any) -> None:
         help="which failing cases the proposer sees (default: the worst)",
     )
     add_run_options(run)
+    run.set_defaults(bench=None)  # unset: a new run's default is beam; a resumed run keeps its own
 
 
 def _run_config(args: argparse.Namespace) -> RunConfig:
@@ -143,6 +144,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     }
     if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
         config = stored_config(_open_run(args)[1], args.resume)
+        if args.bench is not None and args.bench != config.bench:
+            raise UsageError(f"run {args.resume} evolves on {config.bench}; --bench {args.bench} "
+                             "cannot change that (start a new run for another bench)")  # fmt: skip
         if args.rounds:
             caps["rounds"] = rounds
         return config.replace(**caps)
@@ -157,8 +161,8 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     return RunConfig(
         # absolute paths: a resumed run may be started from another directory
         data_dir=str(data_dir(args.data_dir).resolve()), seed_program=str(Path(seed).resolve()),
-        bench=args.bench, cache_dir=str(Path(args.cache_dir or default_cache_dir()).resolve()),
-        rounds=rounds, jobs=args.jobs,
+        bench=args.bench or "beam", rounds=rounds, jobs=args.jobs,
+        cache_dir=str(Path(args.cache_dir or default_cache_dir()).resolve()),
         embedder=args.embedder, conversations=args.conversations, task_model=task,
         backend=args.backend, ray_address=args.ray_address,
         coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
