@@ -276,9 +276,15 @@ def test_cli_flags_are_parsed_and_bad_ones_are_one_line(capsys: pytest.CaptureFi
         assert err.startswith("error: ") and err.count("\n") == 1
 
 
-def test_cli_serves_until_interrupted() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_cli_serves_until_interrupted(stop: signal.Signals) -> None:
+    """Ctrl-C or a plain ``kill`` stops it cleanly, also when started with SIGINT ignored (as a
+    shell's background job is)."""
     command = ["-m", "evolve.models.fake_server", "--port", "0", "--sequence", "500"]
-    proc = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, text=True)
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    proc = subprocess.Popen(
+        [sys.executable, *command], stdout=subprocess.PIPE, text=True, preexec_fn=ignore_sigint
+    )
     try:
         assert proc.stdout is not None
         base = proc.stdout.readline().split()[4]
@@ -286,7 +292,7 @@ def test_cli_serves_until_interrupted() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("POST", "/v1/chat/completions", json.dumps(BODY))
         assert conn.getresponse().status == 500
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, _ = proc.communicate(timeout=10)
     finally:
         proc.kill()

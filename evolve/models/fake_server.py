@@ -39,6 +39,7 @@ import argparse
 import json
 import random
 import select
+import signal
 import socket
 import sys
 import threading
@@ -477,6 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = "; ".join(e["msg"] for e in exc.errors()) if isinstance(exc, ValidationError) else exc
         print(f"error: {' '.join(str(why).split())}", file=sys.stderr)
         return 2
+    # Ctrl-C or a plain kill stops it, also when started as a background job (SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with server:
         try:  # Ctrl-C may come as soon as the address is printed
             print(f"fake model server at {server.base_url} (stats: GET /stats; Ctrl-C stops)")
