@@ -1,52 +1,26 @@
 """Evaluating a round's children: concurrently, through the evaluation cascade (docs/design.md §4).
 
-Owns :class:`Evaluator` (sandbox, score on the splits, file the result), the round's train
-minibatch (:func:`minibatch`), the cascade's verdict (:func:`verdict`) and what the cascade saved
-in a run (:func:`saved_seconds`).
+Owns the cascade's rules: the round's train minibatch (:func:`minibatch`), the verdict on a
+child (:func:`verdict`) and what the cascade saved in a run (:func:`saved_seconds`). The
+evaluations themselves are :class:`evolve.evolution.evaluator.Evaluator`'s. This module imports
+no part of the engine (``evolve status`` reads :func:`saved_seconds`).
 
-- **Concurrent**: the children handed over together are evaluated together: one thread per
-  child calls :func:`evolve.executor.evaluate` on the run's one backend, so the conversation
-  jobs of all of them are queued on the loky pool (or Ray) at once, never one program after
-  another. Results are filed by the calling thread as each child finishes; only it writes
-  the store.
-- **Cascade** (``RunConfig.cascade``; never for the seed): a child is first scored on the round's
-  minibatch — the ``RunConfig.minibatch`` train conversations where its parent's mean
-  per-question train fitness is lowest (ties by conversation id), so it is fixed per round and
-  deterministic. If the archive's paired bootstrap (:func:`~evolve.evolution.archive.improves`,
-  the one implementation) says the parent beats the child on those questions, the child is
-  filed ``stopped`` with its minibatch scores (``scores["minibatch"]``), the reason (in its
-  message and ``cascade``) and its seconds, and costs nothing more; a stopped child is never an
-  archive member (only ``evaluated`` ones are). Otherwise it is *promoted*: its screen is
-  recorded (``cascade.verdict == "promoted"``, status still ``proposed``) and it gets the full
-  train + valid evaluation, where stage reuse serves the minibatch conversations' stages.
-- **Seconds**: a candidate's ``seconds`` is everything its evaluations took (minibatch and
-  full). A stopped child records ``saved_seconds``: its minibatch seconds scaled by the
-  question count to full train + valid, minus what it spent; :func:`saved_seconds` sums a run's.
-- **Resume**: a child whose screen is recorded is not screened again; a judged one (``evaluated``,
-  ``stopped``, ``rejected``, ``failed``) is left as it is. Each evaluation logs ``evaluating``
-  (``phase``: ``minibatch`` or ``full``) when it starts, and ``screened`` or ``evaluated`` when
-  its result is filed, so the event log shows what was evaluated how often.
+- **Minibatch**: the ``RunConfig.minibatch`` train conversations where the parent's mean
+  per-question train fitness is lowest (ties by conversation id): fixed per round (a round's
+  children share their parent) and deterministic.
+- **Verdict**: the child stops when the archive's paired bootstrap
+  (:func:`~evolve.evolution.archive.improves`, the one implementation) says the parent beats it
+  on the minibatch questions both were scored on; otherwise it is promoted to full train + valid.
+- **Saved seconds**: a stopped child records ``saved_seconds`` in its ``cascade`` record: its
+  minibatch seconds scaled by the question count to full train + valid, minus what it spent;
+  :func:`saved_seconds` sums a run's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any
-
-from evolve.config import SPLITS, RunConfig
 from evolve.datasets.types import TaskSet
-from evolve.distributed import JobBackend
-from evolve.evolution.archive import CONFIDENCE, fitness, improves, question_fitness
-from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, EvalReport, evaluate
-from evolve.models.llm import LLMClient
-from evolve.worker import WorkerConfig
-from sandbox.check import CheckedProgram, CheckReport, check_program
-
-JUDGED = ("evaluated", "rejected", "failed", "stopped")  # statuses never evaluated again
-Phase = list[tuple[str, TaskSet]]  # (name the scores are filed under, tasks)
+from evolve.evolution.archive import CONFIDENCE, improves
+from evolve.evolution.store import CandidateMeta
 
 
 def minibatch(parent: CandidateMeta, train: TaskSet, n: int) -> TaskSet:
@@ -82,161 +56,3 @@ def verdict(
 def saved_seconds(candidates: list[CandidateMeta]) -> float:
     """Evaluation seconds the cascade saved in a run (estimated per stopped child)."""
     return round(sum(float((c.cascade or {}).get("saved_seconds", 0.0)) for c in candidates), 3)
-
-
-def score_block(result: EvalReport) -> dict[str, Any]:
-    """What a candidate keeps of one split's evaluation."""
-    return {
-        "fitness": result.meta["fitness"],  # the mode: name and version
-        "overall": result.scores["overall"],
-        "by_capability": result.scores["by_capability"],
-        "headline": result.scores.get("headline"),
-        "errors": result.meta["errors"],
-        "questions": question_fitness(result.traces),
-        "question_capabilities": {t.id: t.capability for t in result.traces},
-        "diagnostics": result.scores.get("diagnostics"),
-        "stages": result.stages,  # computed / reused per cached stage
-    }
-
-
-@dataclasses.dataclass
-class _Job:
-    candidate: CandidateMeta
-    program: CheckedProgram
-    report: CheckReport
-
-
-class Evaluator:
-    """Evaluates and files candidates of one run (see the module docstring). ``backend`` and
-    ``tasks`` are the loop's (started / loaded on first use); ``after`` is called with the id
-    of each candidate filed ``evaluated``."""
-
-    def __init__(
-        self,
-        store: RunStore,
-        config: RunConfig,
-        worker: WorkerConfig,
-        judge: LLMClient | None,
-        backend: Callable[[], JobBackend],
-        tasks: Callable[[str], TaskSet],
-        after: Callable[[str], None],
-    ) -> None:
-        self.store, self.config, self.worker, self.judge = store, config, worker, judge
-        self.backend, self.tasks, self.after = backend, tasks, after
-
-    def judge_all(
-        self, children: list[tuple[CandidateMeta, CheckReport | None]], parent: CandidateMeta | None
-    ) -> None:
-        """Sandbox (where no report is given), screen (cascade; ``parent`` None: none) and
-        evaluate ``children`` concurrently; candidates already judged are left as they are."""
-        jobs = [job for c, report in children if (job := self._checked(c, report))]
-        if self.config.cascade and parent is not None:
-            self._screen([j for j in jobs if j.candidate.cascade is None], parent)
-        full = [dataclasses.replace(j, candidate=self.store.get(j.candidate.id)) for j in jobs]
-        phase = [(split, self.tasks(split)) for split in SPLITS]
-        for job, results in self._run([j for j in full if j.candidate.status == "proposed"],
-                                      "full", phase):  # fmt: skip
-            if results is not None:
-                self._file(job, results)
-
-    def _checked(self, candidate: CandidateMeta, report: CheckReport | None) -> _Job | None:
-        if candidate.status in JUDGED:
-            return None
-        if report is None:
-            report = check_program(self.store.source(candidate.id), candidate.id)
-        if report.program is None:
-            self._give_up(candidate, report, "rejected", report.repair_text())
-            return None
-        path = str(self.store.source_path(candidate.id))
-        program = dataclasses.replace(report.program, path=path)  # checked before it had a file
-        return _Job(candidate, program, report)
-
-    def _screen(self, jobs: list[_Job], parent: CandidateMeta) -> None:
-        batch = minibatch(parent, self.tasks("train"), self.config.minibatch)
-        theirs = {
-            q.id: v
-            for q in batch.questions
-            if (v := parent.scores["train"].get("questions", {}).get(q.id)) is not None
-        }
-        full = sum(len(self.tasks(s).questions) for s in SPLITS)  # fmt: skip
-        for job, results in self._run(jobs, "minibatch", [("minibatch", batch)]):
-            if results is None:
-                continue
-            result = results["minibatch"]
-            seconds = float(result.meta["seconds"])
-            seed = f"{parent.source_sha256}|{job.candidate.source_sha256}|minibatch"
-            why, mine, before = verdict(question_fitness(result.traces), theirs, seed)
-            saved = seconds * full / max(1, len(batch.questions)) - seconds if why else 0.0
-            record = {"parent": parent.id, "conversations": [c.id for c in batch.conversations],
-                      "questions": len(batch.questions), "verdict": "stopped" if why else
-                      "promoted", "reason": why, "fitness": round(mine, 6),
-                      "parent_fitness": round(before, 6), "seconds": seconds,
-                      "saved_seconds": round(max(0.0, saved), 3)}  # fmt: skip
-            fields: dict[str, Any] = {
-                "cascade": record, "scores": {"minibatch": score_block(result)},
-                "usage": {**job.candidate.usage, "minibatch": result.usage}, "seconds": seconds,
-            }  # fmt: skip
-            if why:
-                message = f"{job.candidate.message} [stopped: {why}]"
-                fields |= {"status": "stopped", "sandbox": job.report.as_json(), "message": message}
-            self.store.update(job.candidate.id, **fields)
-            self.store.log_event("screened", candidate=job.candidate.id,
-                                 verdict=record["verdict"], reason=why)  # fmt: skip
-
-    def _run(
-        self, jobs: list[_Job], phase: str, splits: Phase
-    ) -> Iterator[tuple[_Job, dict[str, EvalReport] | None]]:
-        """Evaluate every job's program on ``splits``, all jobs at once; yields each job with its
-        results as it finishes (None: it failed, and is filed ``failed``)."""
-        if not jobs:
-            return
-        for job in jobs:
-            self.store.log_event("evaluating", candidate=job.candidate.id, phase=phase)
-        backend = self.backend()
-        with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="evaluate") as pool:
-            futures = {pool.submit(self._evaluate, job, splits, backend): job for job in jobs}
-            for future in as_completed(futures):
-                job = futures[future]
-                try:
-                    yield job, future.result()
-                except EvalError as exc:
-                    self._give_up(job.candidate, job.report, "failed", str(exc))
-                    yield job, None
-
-    def _evaluate(self, job: _Job, splits: Phase, backend: JobBackend) -> dict[str, EvalReport]:
-        results = {}
-        for name, tasks in splits:
-            # stage diagnostics steer cold start: computed for the seed and its revisions
-            diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
-            worker = dataclasses.replace(self.worker, diagnose=diagnose)
-            results[name] = evaluate(job.program, tasks, worker, judge=self.judge,
-                                     backend=backend,
-                                     judge_variant=self.config.judge_variant)  # fmt: skip
-        return results
-
-    def _file(self, job: _Job, results: dict[str, EvalReport]) -> None:
-        meta = self.store.get(job.candidate.id)
-        self.store.write_traces(meta.id, "train", results["train"].traces)
-        self.store.update(
-            meta.id,
-            status="evaluated",
-            sandbox=job.report.as_json(),
-            scores={**meta.scores, **{s: score_block(r) for s, r in results.items()}},
-            usage={**meta.usage, **{s: r.usage for s, r in results.items()}},
-            seconds=meta.seconds + sum(float(r.meta["seconds"]) for r in results.values()),
-        )
-        valid = fitness(results["valid"].scores["overall"])
-        self.store.log_event("evaluated", candidate=meta.id, valid=valid)
-        self.after(meta.id)
-
-    def _give_up(
-        self, candidate: CandidateMeta, report: CheckReport, status: str, why: str
-    ) -> None:
-        """File a candidate that will not be evaluated (``rejected`` by the sandbox, or
-        ``failed`` in evaluation), with its sandbox report and the reason in its message."""
-        self.store.update(
-            candidate.id,
-            status=status,
-            sandbox=report.as_json(),
-            message=f"{candidate.message} [{status}: {why}]",
-        )

@@ -3,7 +3,7 @@
 One round = ask the proposer for ``RunConfig.children`` children (K; :class:`~evolve.evolution.
 proposer.Proposer`: the LLM coder when a coder model is configured, else the offline proposer),
 one after another, each checked in the sandbox (up to ``RunConfig.repairs`` repair attempts fed
-by the error) and filed; then judge them together (:mod:`evolve.evolution.cascade`: evaluated
+by the error) and filed; then judge them together (:mod:`evolve.evolution.evaluator`: evaluated
 concurrently on the backend, each screened on the round's train minibatch first when
 ``RunConfig.cascade`` is on, the rest on train and valid with stage reuse). Selection never
 reads the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``)
@@ -61,9 +61,9 @@ from evolve.distributed import JobBackend, make_backend
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
-from evolve.evolution.cascade import Evaluator
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
+from evolve.evolution.evaluator import Evaluator
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
@@ -135,8 +135,9 @@ def workload(config: RunConfig) -> Workload:
     seed = CandidateView("seed", Path(config.seed_program).read_text(), {})
     prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
     rounds = sum(config.rounds.values())
-    return Workload(rounds, rounds + 1, windows, chars, questions,
-                    len(prompt) + 4 * CASE_CHARS, config.repairs, judged)  # fmt: skip
+    return Workload(rounds, rounds * config.children + 1, windows, chars, questions,
+                    len(prompt) + 4 * CASE_CHARS, config.repairs, judged,
+                    config.children)  # fmt: skip
 
 
 Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds in total)
@@ -363,7 +364,7 @@ class Evolution:
 
     def round(self, stage: str, round_no: int, stage_round: int = 0) -> None:
         """Propose ``config.children`` children one after another, then judge them together
-        (:class:`~evolve.evolution.cascade.Evaluator`: concurrently, through the cascade)."""
+        (:class:`~evolve.evolution.evaluator.Evaluator`: concurrently, through the cascade)."""
         children: dict[str, tuple[CandidateMeta, CheckReport | None]] = {}
         siblings: frozenset[str] = frozenset()
         parent: CandidateMeta | None = None
