@@ -71,7 +71,8 @@ def coder_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
 def config(data_dir: Path, cache: Path, **over: Any) -> RunConfig:
     base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
             "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
-            "conversations": 1, "coder_model": {"model": "scripted"}}  # fmt: skip
+            "conversations": 1, "coder_model": {"model": "scripted"},
+            "children": 1, "cascade": False}  # fmt: skip
     return RunConfig(**{**base, **over})
 
 

@@ -42,7 +42,7 @@ def pristine(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = RunConfig(data_dir=str(data_dir), seed_program=str(ROOT / "seeds" / "hybrid.py"),
                     cache_dir=str(root.parent / "cache"), jobs=1, embedder="hashing",
                     rounds={"cold_start": 1, "refinement": 0, "integration": 0},
-                    conversations=1)  # fmt: skip
+                    conversations=1, children=1, cascade=False)  # fmt: skip
     store = RunStore.create(root, {"config": cfg.as_json()}, run_id=RUN)
     best = Evolution(store, cfg).run()
     assert best.id.startswith("c000")

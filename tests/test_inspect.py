@@ -35,7 +35,7 @@ def runs(data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathF
     cfg = RunConfig(data_dir=str(data_dir), seed_program=str(ROOT / "seeds" / "hybrid.py"),
                     cache_dir=str(offline_cache), jobs=1, embedder="hashing",
                     rounds={"cold_start": 1, "refinement": 1, "integration": 0},
-                    conversations=1)  # fmt: skip
+                    conversations=1, children=1, cascade=False)  # fmt: skip
     Evolution(RunStore.create(root, {"config": cfg.as_json()}, run_id=RUN), cfg).run()
     return root
 
@@ -108,7 +108,8 @@ def test_status_reports_stage_best_specialists_and_spend(
     for cap, reported in status["specialists"].items():
         held = kept[cap].scores["valid"]["by_capability"][cap]
         assert reported["valid_fitness"] == pytest.approx(fitness(held))
-    assert status["by_status"] == {"proposed": 0, "rejected": 0, "evaluated": 3, "failed": 0}
+    assert status["by_status"] == {"proposed": 0, "rejected": 0, "evaluated": 3, "failed": 0,
+                                   "stopped": 0}
     assert status["spend"]["total"]["calls"] == 0 and status["frozen"] == []
     code, out, err = cli(capsys, "status", "--runs-dir", str(runs))  # newest run by default
     assert code == 0 and f"newest run {RUN}" in err

@@ -220,7 +220,7 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     runs = tmp_path / "runs"
     began = time.monotonic()
     done = evolve("run", "--model", MODEL, "--judge", MODEL, "--api-base", server,
-                  "--rounds", "1,1,0", "--conversations", "1", "--repairs", "1",
+                  "--rounds", "1,1,0", "--conversations", "1", "--repairs", "1", "--children", "1",
                   "--coder-max-tokens", str(REPLY_TOKENS), "--task-max-tokens", str(REPLY_TOKENS),
                   "--data-dir", str(shared["all"]), "--cache-dir", str(shared["cache"]),
                   "--runs-dir", str(runs), "--no-progress", cwd=tmp_path)  # fmt: skip

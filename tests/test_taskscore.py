@@ -65,6 +65,7 @@ def judged_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Evol
         jobs=1, embedder="hashing", conversations=3, task_model=ModelConfig(model="scripted"),
         judge_model=ModelConfig(model="scripted-judge"), coder_model=ModelConfig(model="scripted"),
         rounds={"cold_start": 2, "refinement": 0, "integration": 0}, repairs=0,
+        children=1, cascade=False,
     )  # fmt: skip
     store = RunStore.create(root / "runs", build_manifest(config), run_id="judged")
     log, cache = calls_path(store.root), root / "cache" / "llm-cache.sqlite"
