@@ -14,9 +14,28 @@ Invariants:
 - The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only,
   keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
   json_schema, extra params without secret-named ones). Prompts are not stored, only their hash.
-- Transient transport errors (rate limit, timeout, connection, 503, 500) are retried with
-  exponential backoff and jitter; anything else, or exhausting the retries, raises
-  :class:`LLMError` with a one-line message.
+- Each HTTP attempt holds one slot of the client's :class:`~evolve.models.limiter.Limiter`
+  (the run's shared limit; none: unlimited) for the attempt only, never across a retry's sleep,
+  and is abandoned after the timeout (the client's ``timeout``, else the model's) plus
+  :data:`WATCHDOG_GRACE_S`, even when the reply trickles in: the attempt runs in a daemon
+  thread the caller stops waiting for, so a reply that never completes holds neither the
+  caller nor a slot.
+- Transient transport errors (rate limit, timeout, connection, 503, 500, a malformed body) are
+  retried; anything else raises :class:`LLMError` with a one-line message. The retry budget
+  (design §2): a call fails for good after ``retry_attempts`` attempts that failed for any
+  reason but a rate limit, or after ``rate_limit_attempts`` rate-limited ones (a 429, or a 503
+  with Retry-After), whichever comes first, so a provider's rate limits do not spend the
+  budget meant for real failures. A ``Retry-After`` (seconds or an HTTP date) is waited out
+  jointly: the limiter's shared "not before" time holds every process of the run back (without
+  a limiter, the call sleeps it itself); other failures wait ``retry_wait`` (exponential
+  backoff with jitter). A timed-out attempt counts as a real failure.
+- The record of a call counts its transport ``retries`` (attempts after the first), how many
+  of its attempts were ``rate_limited`` (429) and how many ``timeouts``, and ``repair`` (the
+  call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`). The
+  log gains these columns when an older log is first written to (:func:`log_connection`);
+  readers of an older log read them as 0.
+- A client is safe to call from many threads: the records are kept under a lock, and SQLite
+  connections (call log, request cache) are per thread (:func:`evolve.models.sqlite_connection`).
 - API keys are never written: ModelConfig holds none (litellm reads them from the environment;
   a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
   secret-named extra params are left out of the request hash, and error texts are redacted
@@ -32,23 +51,26 @@ import os
 import re
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import (
+    RetryCallState,
     Retrying,
     before_sleep_log,
     retry_if_exception,
-    stop_after_attempt,
     wait_random_exponential,
 )
 from tenacity.wait import wait_base
 
 from evolve.models import cache_transaction, is_corrupt, sqlite_connection
+from evolve.models.limiter import Limiter, retry_after_seconds
 from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
@@ -56,6 +78,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 ROLES = ("task", "judge", "annotator", "coder")
 JSON_ATTEMPTS = 3
+WATCHDOG_GRACE_S = 1.0  # past its timeout, an attempt still running is abandoned
 # Sent to an ``api_base`` whose provider key is not in the environment: local OpenAI-compatible
 # servers accept any key, but litellm's provider refuses to call without one.
 LOCAL_API_KEY = "no-key"
@@ -69,13 +92,38 @@ CREATE TABLE IF NOT EXISTS calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, role TEXT NOT NULL,
     stage TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL,
-    cached INTEGER NOT NULL, request_hash TEXT NOT NULL, error TEXT
+    cached INTEGER NOT NULL, request_hash TEXT NOT NULL, error TEXT,
+    retries INTEGER NOT NULL DEFAULT 0, rate_limited INTEGER NOT NULL DEFAULT 0,
+    timeouts INTEGER NOT NULL DEFAULT 0, repair INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS responses (
     request_hash TEXT PRIMARY KEY, text TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL, model TEXT NOT NULL
 );
 """
+# Columns added to ``calls`` after its first version: an older log gains them when written to.
+FAULT_COLUMNS = ("retries", "rate_limited", "timeouts", "repair")
+_migrated: set[tuple[int, str]] = set()
+
+
+def log_connection(path: Path) -> sqlite3.Connection:
+    """This thread's connection to the call log at ``path``, with the columns of
+    :data:`FAULT_COLUMNS` added to an older log (once per process and file)."""
+    conn = sqlite_connection(path, CALLS_SCHEMA)
+    key = (os.getpid(), str(path))
+    if key in _migrated:
+        return conn
+    have = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+    for name in FAULT_COLUMNS:
+        if name not in have:
+            try:
+                with conn:
+                    conn.execute(f"ALTER TABLE calls ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+            except sqlite3.OperationalError as exc:  # another process or thread added it first
+                if "duplicate column" not in str(exc):
+                    raise
+    _migrated.add(key)
+    return conn
 
 
 class LLMError(RuntimeError):
@@ -89,6 +137,10 @@ def damaged_log(path: Path, exc: Exception) -> LLMError:
         f"call log {path} is damaged ({exc}); it records what the run spent, so it is not "
         "replaced: move it aside to continue (spend caps then count from zero)"
     )
+
+
+class AttemptTimeout(TimeoutError):
+    """One HTTP attempt ran past its timeout and was abandoned (transient: retried)."""
 
 
 class JSONReplyError(LLMError):
@@ -152,6 +204,21 @@ class UsageRecord:
     cached: bool
     request_hash: str
     error: str | None
+    retries: int = 0  # transport attempts after the first
+    rate_limited: int = 0  # attempts answered 429
+    timeouts: int = 0  # attempts abandoned at their timeout
+    repair: bool = False  # the call re-asked for valid JSON (LLMClient.complete_json)
+
+
+@dataclass
+class _Attempts:
+    """What one logical call's transport attempts met so far."""
+
+    attempts: int = 0
+    failures: int = 0  # failed attempts that were not rate limits (``retry_attempts`` bounds)
+    rate_limited: int = 0  # (``rate_limit_attempts`` bounds)
+    timeouts: int = 0
+    retry_after: float | None = None  # the last failed attempt's Retry-After, if it had one
 
 
 def _as_messages(messages: list[Message] | str) -> list[Message]:
@@ -166,6 +233,8 @@ def _redact(text: str, config: ModelConfig) -> str:
 
 
 def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, AttemptTimeout):
+        return True
     litellm = sys.modules.get("litellm")  # not imported yet: cannot be a litellm error
     if litellm is None:
         return False
@@ -177,6 +246,56 @@ def _is_transient(exc: BaseException) -> bool:
         litellm.InternalServerError,
     )
     return isinstance(exc, transient)
+
+
+def _fault(exc: BaseException, retry_after: float | None) -> str:
+    """``rate_limit`` (a 429, or a 503 with Retry-After), ``timeout`` or ``other``: how a
+    failed attempt is counted."""
+    if isinstance(exc, AttemptTimeout):
+        return "timeout"
+    litellm = sys.modules.get("litellm")
+    if litellm is not None and isinstance(exc, litellm.RateLimitError):
+        return "rate_limit"
+    if litellm is not None and isinstance(exc, litellm.ServiceUnavailableError) and retry_after:
+        return "rate_limit"
+    if litellm is not None and isinstance(exc, litellm.Timeout):
+        return "timeout"
+    return "other"
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The ``Retry-After`` of the HTTP response behind a litellm error, in seconds."""
+    for source in (getattr(exc, "response", None), exc):
+        headers = getattr(source, "headers", None) or getattr(
+            source, "litellm_response_headers", None
+        )
+        if headers is not None:
+            value = headers.get("retry-after")
+            if value is not None:
+                return retry_after_seconds(str(value))
+    return None
+
+
+def _within(seconds: float, work: Callable[[], T]) -> T:
+    """``work()`` in a daemon thread, abandoned (:class:`AttemptTimeout`) when it has not
+    returned ``seconds`` + :data:`WATCHDOG_GRACE_S` from now."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="llm-attempt", daemon=True)
+    thread.start()
+    thread.join(seconds + WATCHDOG_GRACE_S)
+    if failure:
+        raise failure[0]
+    if not result:
+        raise AttemptTimeout(f"no complete reply within {seconds:g} s: abandoned")
+    return result[0]
 
 
 def parse_json_reply(text: str) -> Any:
@@ -204,11 +323,14 @@ def parse_json_reply(text: str) -> Any:
 class LLMClient:
     """Role-based LLM calls through litellm. Paths may be the same file; None = memory only.
 
-    ``retry_attempts`` and ``retry_wait`` (tenacity) govern transport retries; tests set the
-    wait to ``tenacity.wait_none()``.
+    ``limiter`` is the run's shared limit on requests in flight (None: unlimited); ``timeout``
+    the seconds one attempt may take (None: each model's ``timeout``). ``retry_attempts``,
+    ``rate_limit_attempts`` and ``retry_wait`` (tenacity) govern transport retries (the rule is
+    in the module docstring); tests set the wait to ``tenacity.wait_none()``.
     """
 
     retry_attempts: int = 5
+    rate_limit_attempts: int = 20
     retry_wait: wait_base = wait_random_exponential(multiplier=1, max=30)
 
     def __init__(
@@ -217,11 +339,16 @@ class LLMClient:
         *,
         log_path: str | Path | None = None,
         cache_path: str | Path | None = None,
+        limiter: Limiter | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.models = models
         self.log_path = Path(log_path) if log_path is not None else None
         self.cache_path = Path(cache_path) if cache_path is not None else None
+        self.limiter = limiter
+        self.timeout = timeout
         self._records: list[UsageRecord] = []
+        self._lock = threading.Lock()  # guards _records
 
     def available(self, role: str) -> bool:
         return self.models[role] is not None
@@ -234,10 +361,14 @@ class LLMClient:
         *,
         json_schema: dict[str, Any] | None = None,
         max_tokens: int | None = None,
+        repair: bool = False,
     ) -> Completion:
+        """One logical call (``repair``: it re-asks for valid JSON, as counted in the log)."""
         config = self.models[role]
         if config is None:
             raise LLMError(f"no model configured for role {role!r}")
+        if self.timeout is not None:
+            config = config.model_copy(update={"timeout": self.timeout})
         msgs = _as_messages(messages)
         max_tokens = max_tokens if max_tokens is not None else config.max_tokens
         key = self._request_hash(config, msgs, json_schema, max_tokens)
@@ -245,34 +376,80 @@ class LLMClient:
         hit = self._cache_get(key)
         if hit is not None:
             hit = replace(hit, latency_s=time.perf_counter() - began)
-            self._record(role, stage, hit, key, None)
+            self._record(role, stage, hit, key, None, _Attempts(), repair)
             return hit
+        counts = _Attempts()
         retrying = Retrying(
             retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(self.retry_attempts),
-            wait=self.retry_wait,
+            stop=lambda _: self._spent(counts),
+            wait=lambda state: self._pause(counts, state),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         )
         try:
             reply = retrying(
-                self._transport,
-                role,
-                stage,
-                config,
-                msgs,
-                json_schema=json_schema,
-                max_tokens=max_tokens,
+                self._attempt, counts, role, stage, config, msgs, json_schema, max_tokens
             )
         except Exception as exc:
             error = _redact(f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}", config)
             failed = Completion("", 0, 0, None, time.perf_counter() - began, False, config.model)
-            self._record(role, stage, failed, key, error)
+            self._record(role, stage, failed, key, error, counts, repair)
             raise LLMError(error) from None
         reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
         self._cache_put(key, reply)
-        self._record(role, stage, reply, key, None)
+        self._record(role, stage, reply, key, None, counts, repair)
         return reply
+
+    def _spent(self, counts: _Attempts) -> bool:
+        """Whether the retry budget of one call is spent (the rule in the module docstring)."""
+        return (
+            counts.failures >= self.retry_attempts
+            or counts.rate_limited >= self.rate_limit_attempts
+        )
+
+    def _pause(self, counts: _Attempts, state: RetryCallState) -> float:
+        """The wait before the next attempt: a Retry-After is waited out at the limiter (all
+        processes together), or here without one; anything else waits ``retry_wait``."""
+        if counts.retry_after is not None:
+            return 0.0 if self.limiter is not None else counts.retry_after
+        return float(self.retry_wait(state))
+
+    def _attempt(
+        self,
+        counts: _Attempts,
+        role: str,
+        stage: str,
+        config: ModelConfig,
+        messages: list[Message],
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+    ) -> Completion:
+        """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted."""
+        counts.attempts += 1
+        counts.retry_after = None
+        with self.limiter.slot() if self.limiter is not None else nullcontext():
+            started = time.time()
+            try:
+                reply = _within(config.timeout, lambda: self._transport(
+                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                ))  # fmt: skip
+            except Exception as exc:
+                self._count_fault(counts, exc, started)
+                raise
+        if self.limiter is not None:
+            self.limiter.succeeded()
+        return reply
+
+    def _count_fault(self, counts: _Attempts, exc: Exception, started: float) -> None:
+        counts.retry_after = _retry_after(exc)
+        kind = _fault(exc, counts.retry_after)
+        if kind == "rate_limit":
+            counts.rate_limited += 1
+            if self.limiter is not None:
+                self.limiter.rate_limited(counts.retry_after, started)
+            return
+        counts.failures += 1
+        counts.timeouts += 1 if kind == "timeout" else 0
 
     def complete_json(
         self,
@@ -290,9 +467,8 @@ class LLMClient:
         conversation = _as_messages(messages)
         problem = ""
         for _ in range(JSON_ATTEMPTS):
-            reply = self.complete(
-                role, stage, conversation, json_schema=schema, max_tokens=max_tokens
-            )
+            reply = self.complete(role, stage, conversation, json_schema=schema,
+                                  max_tokens=max_tokens, repair=problem != "")  # fmt: skip
             try:
                 return validate(parse_json_reply(reply.text))
             except ValueError as exc:
@@ -313,22 +489,25 @@ class LLMClient:
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
         """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
         cached_calls, errors, summed by :class:`~evolve.models.usage.Tally`."""
-        tallies = by_role(asdict(r) for r in self._records)
+        tallies = by_role(asdict(r) for r in self.records)
         return {role: tally.summary() for role, tally in tallies.items()}
 
     @property
     def records(self) -> tuple[UsageRecord, ...]:
         """The calls this client made (or merged) since it was created or last drained."""
-        return tuple(self._records)
+        with self._lock:
+            return tuple(self._records)
 
     def drain_records(self) -> list[UsageRecord]:
         """Return and forget the in-memory records (already in the SQLite log, if any)."""
-        records, self._records = self._records, []
+        with self._lock:
+            records, self._records = self._records, []
         return records
 
     def merge_records(self, records: Iterable[UsageRecord]) -> None:
         """Add records drained from a worker's client to this one's memory (not re-logged)."""
-        self._records.extend(records)
+        with self._lock:
+            self._records.extend(records)
 
     def _transport(
         self,
@@ -419,7 +598,14 @@ class LLMClient:
         )
 
     def _record(
-        self, role: str, stage: str, reply: Completion, key: str, error: str | None
+        self,
+        role: str,
+        stage: str,
+        reply: Completion,
+        key: str,
+        error: str | None,
+        counts: _Attempts,
+        repair: bool,
     ) -> None:
         record = UsageRecord(
             ts=time.time(),
@@ -433,13 +619,18 @@ class LLMClient:
             cached=reply.cached,
             request_hash=key,
             error=error,
+            retries=max(counts.attempts - 1, 0),
+            rate_limited=counts.rate_limited,
+            timeouts=counts.timeouts,
+            repair=repair,
         )
-        self._records.append(record)
+        with self._lock:
+            self._records.append(record)
         if self.log_path is None:
             return
         row = asdict(record)
         try:
-            with sqlite_connection(self.log_path, CALLS_SCHEMA) as conn:
+            with log_connection(self.log_path) as conn:
                 conn.execute(
                     f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     [int(v) if isinstance(v, bool) else v for v in row.values()],

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from evolve.models import DOUBLES
 from evolve.models.embed import HashingEmbedder
+from evolve.models.limiter import Limiter
 from evolve.models.llm import ROLES, Completion, LLMClient, Message, ModelConfig, Models
 
 __all__ = ["HashingEmbedder", "ScriptedLLM", "Script", "task_script"]
@@ -49,13 +51,17 @@ class ScriptedLLM(LLMClient):
         log_path: str | Path | None = None,
         cache_path: str | Path | None = None,
         usd_per_token: float | None = None,
+        limiter: Limiter | None = None,
+        timeout: float | None = None,
     ) -> None:
         if models is None:
             models = Models(**{role: ModelConfig(model="scripted") for role in ROLES})
-        super().__init__(models, log_path=log_path, cache_path=cache_path)
+        super().__init__(models, log_path=log_path, cache_path=cache_path, limiter=limiter,
+                         timeout=timeout)  # fmt: skip
         self.script = script if callable(script) else list(script)
         self.usd_per_token = usd_per_token
         self.transport_calls: list[tuple[str, str, list[Message]]] = []
+        self._script_lock = threading.Lock()  # a list script is consumed in order by threads
 
     def _transport(
         self,
@@ -67,11 +73,12 @@ class ScriptedLLM(LLMClient):
         json_schema: dict[str, Any] | None,
         max_tokens: int,
     ) -> Completion:
-        self.transport_calls.append((role, stage, messages))
+        with self._script_lock:
+            self.transport_calls.append((role, stage, messages))
+            used = len(self.transport_calls) - 1
         if callable(self.script):
             text = self.script(role, stage, messages)
         else:
-            used = len(self.transport_calls) - 1
             if used >= len(self.script):
                 raise IndexError(f"ScriptedLLM script exhausted after {len(self.script)} replies")
             text = self.script[used]

@@ -8,7 +8,9 @@ Semantics: a **cache hit** (``cached``) counts as a call and in ``cached_calls``
 to ``cached_tokens`` only and it costs 0; ``prompt_tokens``, ``completion_tokens`` and
 ``tokens`` (what ``--max-tokens`` caps) count calls that reached a model, failures included;
 ``cost_usd`` sums known prices, and a call with no known price that did not fail counts in
-``unpriced_calls``.
+``unpriced_calls``. Transport faults: ``retries`` sums the attempts after each call's first,
+``rate_limited`` its 429s, ``timeouts`` its abandoned attempts, and ``repairs`` counts calls that
+re-asked for valid JSON; a row of a call log older than these columns counts 0 in each.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SUMMARY = ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "cached_calls", "errors")
+SUMMARY = ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "cached_calls", "errors",
+           "retries", "rate_limited", "timeouts", "repairs")  # fmt: skip
+FAULTS = ("retries", "rate_limited", "timeouts")  # per-call counts of the call log, summed
 
 
 @dataclass
@@ -32,6 +36,10 @@ class Tally:
     cached_tokens: int = 0
     cost_usd: float = 0.0
     unpriced_calls: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    timeouts: int = 0
+    repairs: int = 0
 
     @property
     def tokens(self) -> int:
@@ -39,6 +47,9 @@ class Tally:
 
     def add(self, row: Mapping[str, Any]) -> None:
         self.calls += 1
+        for name in FAULTS:
+            setattr(self, name, getattr(self, name) + int(row.get(name) or 0))
+        self.repairs += 1 if row.get("repair") else 0
         prompt, completion = int(row["prompt_tokens"] or 0), int(row["completion_tokens"] or 0)
         if row["cached"]:
             self.cached_calls += 1
