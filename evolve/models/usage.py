@@ -1,8 +1,9 @@
 """Usage totals: the one way LLM calls are summed — a run's spend, an evaluation's usage, a
 client's summary.
 
-Owns :class:`Tally` and :func:`by_role`. A call is a mapping with the fields of
-:class:`~evolve.models.llm.UsageRecord` (a record as a dict, or a row of the ``calls`` log).
+Owns :class:`Tally`, :func:`by_role` and :func:`fault_text` (the faults of a tally in words). A
+call is a mapping with the fields of :class:`~evolve.models.llm.UsageRecord` (a record as a
+dict, or a row of the ``calls`` log).
 
 Semantics: a **cache hit** (``cached``) counts as a call and in ``cached_calls``, its tokens go
 to ``cached_tokens`` only and it costs 0; ``prompt_tokens``, ``completion_tokens`` and
@@ -70,6 +71,27 @@ class Tally:
         """The short view of a role's usage (:data:`SUMMARY`)."""
         full = self.as_json()
         return {k: full[k] for k in SUMMARY}
+
+
+def fault_text(tally: Mapping[str, Any]) -> str:
+    """``"3 retries (2 rate-limited, 1 timed out), 1 JSON repair"``, or ``""`` without faults;
+    ``tally`` is a :meth:`Tally.as_json` (a tally of an older run may lack the counts)."""
+    retries, limited, timeouts, repairs = (
+        int(tally.get(k) or 0) for k in ("retries", "rate_limited", "timeouts", "repairs")
+    )
+    causes = [
+        f"{limited} rate-limited" if limited else "",
+        f"{timeouts} timed out" if timeouts else "",
+    ]
+    parts = []
+    if retries:
+        why = ", ".join(c for c in causes if c)
+        parts.append(
+            f"{retries} retr{'y' if retries == 1 else 'ies'}" + (f" ({why})" if why else "")
+        )
+    if repairs:
+        parts.append(f"{repairs} JSON repair{'' if repairs == 1 else 's'}")
+    return ", ".join(parts)
 
 
 def by_role(rows: Iterable[Mapping[str, Any]]) -> dict[str, Tally]:
