@@ -142,6 +142,14 @@ def test_retry_after_seconds_or_http_date() -> None:
     assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
 
 
+@pytest.fixture(autouse=True)
+def litellm_loaded() -> None:
+    """litellm imported before any clock starts (its first import takes seconds)."""
+    import litellm
+
+    assert litellm.completion is not None
+
+
 def fake_client(server: FakeModelServer, **kwargs: Any) -> LLMClient:
     return LLMClient(Models(task=ModelConfig(model="openai/fake", api_base=server.base_url)),
                      **kwargs)  # fmt: skip
@@ -150,9 +158,6 @@ def fake_client(server: FakeModelServer, **kwargs: Any) -> LLMClient:
 def test_a_429_holds_every_client_of_the_run_back_for_its_retry_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import litellm  # imported before the clock starts
-
-    assert litellm.completion is not None
     monkeypatch.setattr(LLMClient, "retry_wait", wait_none())  # only Retry-After may slow it
     plan = FaultPlan(sequence=(Fault(kind="429", retry_after=1),))
     with FakeModelServer(lambda *_: "ok", faults=plan) as server:
@@ -164,7 +169,8 @@ def test_a_429_holds_every_client_of_the_run_back_for_its_retry_after(
         )
         thread.start()
         shared = Limiter(tmp_path, 4)
-        while shared.state().not_before == 0:  # the 429 has reached the first client
+        deadline = time.monotonic() + 10  # until the 429 has reached the first client
+        while shared.state().not_before == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         began = time.monotonic()
         assert other.complete("task", "b", "y").text == "ok"  # never got a 429 itself
