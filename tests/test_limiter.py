@@ -20,6 +20,7 @@ import pytest
 from tenacity import wait_none
 
 from evolve.evolution.budget import read_spend
+from evolve.models.clients import role_client
 from evolve.models.fake_server import FakeModelServer, Fault, FaultPlan
 from evolve.models.limiter import Limiter, retry_after_seconds
 from evolve.models.llm import LLMClient, ModelConfig, Models
@@ -284,3 +285,23 @@ def test_an_older_call_log_stays_readable_and_gains_the_counts(tmp_path: Path) -
     assert (old.calls, old.tokens, old.retries) == (1, 5, 0)
     ScriptedLLM(["ok"], log_path=log).complete("task", "eval/answer", "again")
     assert read_spend(tmp_path).total.calls == 2
+
+
+def test_the_transport_limits_reach_every_client_of_a_run(tmp_path: Path) -> None:
+    from evolve.config import RunConfig
+    from evolve.evolution.loop import worker_config
+    from evolve.worker import make_llm
+
+    config = RunConfig(data_dir=str(tmp_path), seed_program="s.py", cache_dir=str(tmp_path),
+                       task_model=ModelConfig(model="openai/fake"), llm_concurrency=3,
+                       llm_timeout=7.5)  # fmt: skip
+    worker = worker_config(config, tmp_path / "run", "evolve")
+    assert (worker.llm_concurrency, worker.llm_timeout) == (3, 7.5)
+    task = make_llm(worker)
+    judge = role_client("judge", ModelConfig(model="openai/fake"),
+                        log_path=Path(worker.calls_log or ""), cache_path=None,
+                        **config.llm_limits())  # fmt: skip
+    assert task is not None and judge is not None
+    assert task.limiter is not None and judge.limiter is not None
+    assert task.limiter.root == judge.limiter.root  # one log, one limit for the run
+    assert (task.limiter.limit, task.timeout) == (3, 7.5)

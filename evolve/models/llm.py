@@ -1,7 +1,9 @@
 """LLM calls by role: configuration, transport with retries, JSON repair, request cache, accounting.
 
 Owns :data:`ROLES`, :class:`ModelConfig`, :class:`Models`, :class:`LLMClient`, :class:`Completion`,
-:class:`UsageRecord`, :class:`LLMError`, :class:`JSONReplyError` and :func:`parse_json_reply`.
+:class:`UsageRecord`, :class:`LLMError`, :class:`JSONReplyError`, :func:`parse_json_reply`, the
+call log's schema (:data:`CALLS_SCHEMA`) and :func:`log_connection`. One transport attempt and
+the retry rule's bookkeeping are :mod:`evolve.models.attempts`.
 
 Invariants:
 
@@ -17,9 +19,8 @@ Invariants:
 - Each HTTP attempt holds one slot of the client's :class:`~evolve.models.limiter.Limiter`
   (the run's shared limit; none: unlimited) for the attempt only, never across a retry's sleep,
   and is abandoned after the timeout (the client's ``timeout``, else the model's) plus
-  :data:`WATCHDOG_GRACE_S`, even when the reply trickles in: the attempt runs in a daemon
-  thread the caller stops waiting for, so a reply that never completes holds neither the
-  caller nor a slot.
+  a grace, even when the reply trickles in (:func:`evolve.models.attempts.within`), so a reply
+  that never completes holds neither the caller nor a slot.
 - Transient transport errors (rate limit, timeout, connection, 503, 500, a malformed body) are
   retried; anything else raises :class:`LLMError` with a one-line message. The retry budget
   (design §2): a call fails for good after ``retry_attempts`` attempts that failed for any
@@ -50,18 +51,15 @@ import logging
 import os
 import re
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import (
-    RetryCallState,
     Retrying,
     before_sleep_log,
     retry_if_exception,
@@ -70,7 +68,8 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from evolve.models import cache_transaction, is_corrupt, sqlite_connection
-from evolve.models.limiter import Limiter, retry_after_seconds
+from evolve.models.attempts import Attempts, is_transient, within
+from evolve.models.limiter import Limiter
 from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
@@ -78,7 +77,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 ROLES = ("task", "judge", "annotator", "coder")
 JSON_ATTEMPTS = 3
-WATCHDOG_GRACE_S = 1.0  # past its timeout, an attempt still running is abandoned
 # Sent to an ``api_base`` whose provider key is not in the environment: local OpenAI-compatible
 # servers accept any key, but litellm's provider refuses to call without one.
 LOCAL_API_KEY = "no-key"
@@ -137,10 +135,6 @@ def damaged_log(path: Path, exc: Exception) -> LLMError:
         f"call log {path} is damaged ({exc}); it records what the run spent, so it is not "
         "replaced: move it aside to continue (spend caps then count from zero)"
     )
-
-
-class AttemptTimeout(TimeoutError):
-    """One HTTP attempt ran past its timeout and was abandoned (transient: retried)."""
 
 
 class JSONReplyError(LLMError):
@@ -210,17 +204,6 @@ class UsageRecord:
     repair: bool = False  # the call re-asked for valid JSON (LLMClient.complete_json)
 
 
-@dataclass
-class _Attempts:
-    """What one logical call's transport attempts met so far."""
-
-    attempts: int = 0
-    failures: int = 0  # failed attempts that were not rate limits (``retry_attempts`` bounds)
-    rate_limited: int = 0  # (``rate_limit_attempts`` bounds)
-    timeouts: int = 0
-    retry_after: float | None = None  # the last failed attempt's Retry-After, if it had one
-
-
 def _as_messages(messages: list[Message] | str) -> list[Message]:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
 
@@ -230,72 +213,6 @@ def _redact(text: str, config: ModelConfig) -> str:
     ``***`` (:func:`evolve.scrub.mask_secrets`)."""
     extra = [str(v) for k, v in config.extra.items() if is_secret_name(k)]
     return " ".join(mask_secrets(text, secret_values(extra), "***").split())[:500]
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, AttemptTimeout):
-        return True
-    litellm = sys.modules.get("litellm")  # not imported yet: cannot be a litellm error
-    if litellm is None:
-        return False
-    transient = (
-        litellm.RateLimitError,
-        litellm.Timeout,
-        litellm.APIConnectionError,
-        litellm.ServiceUnavailableError,
-        litellm.InternalServerError,
-    )
-    return isinstance(exc, transient)
-
-
-def _fault(exc: BaseException, retry_after: float | None) -> str:
-    """``rate_limit`` (a 429, or a 503 with Retry-After), ``timeout`` or ``other``: how a
-    failed attempt is counted."""
-    if isinstance(exc, AttemptTimeout):
-        return "timeout"
-    litellm = sys.modules.get("litellm")
-    if litellm is not None and isinstance(exc, litellm.RateLimitError):
-        return "rate_limit"
-    if litellm is not None and isinstance(exc, litellm.ServiceUnavailableError) and retry_after:
-        return "rate_limit"
-    if litellm is not None and isinstance(exc, litellm.Timeout):
-        return "timeout"
-    return "other"
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    """The ``Retry-After`` of the HTTP response behind a litellm error, in seconds."""
-    for source in (getattr(exc, "response", None), exc):
-        headers = getattr(source, "headers", None) or getattr(
-            source, "litellm_response_headers", None
-        )
-        if headers is not None:
-            value = headers.get("retry-after")
-            if value is not None:
-                return retry_after_seconds(str(value))
-    return None
-
-
-def _within(seconds: float, work: Callable[[], T]) -> T:
-    """``work()`` in a daemon thread, abandoned (:class:`AttemptTimeout`) when it has not
-    returned ``seconds`` + :data:`WATCHDOG_GRACE_S` from now."""
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(work())
-        except BaseException as exc:  # handed to the caller's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="llm-attempt", daemon=True)
-    thread.start()
-    thread.join(seconds + WATCHDOG_GRACE_S)
-    if failure:
-        raise failure[0]
-    if not result:
-        raise AttemptTimeout(f"no complete reply within {seconds:g} s: abandoned")
-    return result[0]
 
 
 def parse_json_reply(text: str) -> Any:
@@ -376,13 +293,13 @@ class LLMClient:
         hit = self._cache_get(key)
         if hit is not None:
             hit = replace(hit, latency_s=time.perf_counter() - began)
-            self._record(role, stage, hit, key, None, _Attempts(), repair)
+            self._record(role, stage, hit, key, None, Attempts(None), repair)
             return hit
-        counts = _Attempts()
+        counts = Attempts(self.limiter)
         retrying = Retrying(
-            retry=retry_if_exception(_is_transient),
-            stop=lambda _: self._spent(counts),
-            wait=lambda state: self._pause(counts, state),
+            retry=retry_if_exception(is_transient),
+            stop=lambda _: counts.spent(self.retry_attempts, self.rate_limit_attempts),
+            wait=lambda state: counts.pause(lambda: float(self.retry_wait(state))),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         )
@@ -400,23 +317,9 @@ class LLMClient:
         self._record(role, stage, reply, key, None, counts, repair)
         return reply
 
-    def _spent(self, counts: _Attempts) -> bool:
-        """Whether the retry budget of one call is spent (the rule in the module docstring)."""
-        return (
-            counts.failures >= self.retry_attempts
-            or counts.rate_limited >= self.rate_limit_attempts
-        )
-
-    def _pause(self, counts: _Attempts, state: RetryCallState) -> float:
-        """The wait before the next attempt: a Retry-After is waited out at the limiter (all
-        processes together), or here without one; anything else waits ``retry_wait``."""
-        if counts.retry_after is not None:
-            return 0.0 if self.limiter is not None else counts.retry_after
-        return float(self.retry_wait(state))
-
     def _attempt(
         self,
-        counts: _Attempts,
+        counts: Attempts,
         role: str,
         stage: str,
         config: ModelConfig,
@@ -425,31 +328,10 @@ class LLMClient:
         max_tokens: int,
     ) -> Completion:
         """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted."""
-        counts.attempts += 1
-        counts.retry_after = None
-        with self.limiter.slot() if self.limiter is not None else nullcontext():
-            started = time.time()
-            try:
-                reply = _within(config.timeout, lambda: self._transport(
-                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
-                ))  # fmt: skip
-            except Exception as exc:
-                self._count_fault(counts, exc, started)
-                raise
-        if self.limiter is not None:
-            self.limiter.succeeded()
-        return reply
-
-    def _count_fault(self, counts: _Attempts, exc: Exception, started: float) -> None:
-        counts.retry_after = _retry_after(exc)
-        kind = _fault(exc, counts.retry_after)
-        if kind == "rate_limit":
-            counts.rate_limited += 1
-            if self.limiter is not None:
-                self.limiter.rate_limited(counts.retry_after, started)
-            return
-        counts.failures += 1
-        counts.timeouts += 1 if kind == "timeout" else 0
+        with counts.attempt():
+            return within(config.timeout, lambda: self._transport(
+                role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+            ))  # fmt: skip
 
     def complete_json(
         self,
@@ -604,7 +486,7 @@ class LLMClient:
         reply: Completion,
         key: str,
         error: str | None,
-        counts: _Attempts,
+        counts: Attempts,
         repair: bool,
     ) -> None:
         record = UsageRecord(
