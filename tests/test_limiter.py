@@ -5,6 +5,7 @@ retry budget, abandoned hangs, and the fault counts in the call log, the usage t
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from tenacity import wait_none
 
 from evolve.evolution.budget import read_spend
-from evolve.models.clients import role_client
+from evolve.models.clients import llm_client, role_client
 from evolve.models.fake_server import FakeModelServer, Fault, FaultPlan
 from evolve.models.limiter import Limiter, retry_after_seconds
 from evolve.models.llm import LLMClient, ModelConfig, Models
@@ -305,3 +306,18 @@ def test_the_transport_limits_reach_every_client_of_a_run(tmp_path: Path) -> Non
     assert task.limiter is not None and judge.limiter is not None
     assert task.limiter.root == judge.limiter.root  # one log, one limit for the run
     assert (task.limiter.limit, task.timeout) == (3, 7.5)
+
+
+def test_clients_built_per_job_share_one_limiter_and_its_descriptors(tmp_path: Path) -> None:
+    log = tmp_path / "calls.sqlite"
+
+    def client() -> LLMClient:
+        return llm_client(Models(task=ModelConfig(model="scripted")), log_path=log,
+                          cache_path=None, script=lambda *_: "ok", concurrency=2)  # fmt: skip
+
+    client().complete("task", "t", "warm up")  # the log's and the limiter's files are open
+    before = len(os.listdir("/proc/self/fd"))
+    for n in range(30):  # a worker builds one client per job
+        client().complete("task", "t", f"job {n}")
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert client().limiter is client().limiter

@@ -1,7 +1,8 @@
 """One limit on LLM requests in flight for a whole run on one machine, with a joint back-off.
 
-Owns :class:`Limiter`, :func:`shared_limiter` (the limiter of a run's call log on this machine),
-:data:`DEFAULT_CONCURRENCY` and :func:`retry_after_seconds` (a ``Retry-After`` header's value).
+Owns :class:`Limiter`, :func:`shared_limiter` (the limiter of a run's call log on this machine,
+one object per process), :data:`DEFAULT_CONCURRENCY` and :func:`retry_after_seconds` (a
+``Retry-After`` header's value).
 
 A limiter lives in a folder of small files (design §2): ``slot-<i>.lock`` for each of the
 ``limit`` slots, and ``state`` (the shared window and "not before" time). Every process that
@@ -51,7 +52,9 @@ DEFAULT_BACKOFF_S = 1.0  # the joint back-off after a 429 that names no Retry-Af
 STALE_S = 600.0  # a state untouched this long is a previous run's: read as fresh
 POLL_S = (0.005, 0.05)  # first and longest pause between looks for a free slot
 _STATE = struct.Struct("<dddd")  # window, not_before, decreased_at, updated (unix seconds)
-_LIMITERS: weakref.WeakSet[Limiter] = weakref.WeakSet()
+_LIMITERS: weakref.WeakSet[Limiter] = weakref.WeakSet()  # to forget their descriptors on fork
+_SHARED: dict[tuple[str, int], Limiter] = {}  # shared_limiter's, per (folder, limit)
+_SHARED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -198,10 +201,16 @@ os.register_at_fork(after_in_child=_after_fork)
 def shared_limiter(log_path: Path | None, limit: int = DEFAULT_CONCURRENCY) -> Limiter:
     """The limiter of the run whose calls go to ``log_path``, on this machine: every client of
     one run logs to one file, so keying on it gives the run one limit (a client without a log
-    gets one of its own process)."""
+    gets one of its own process). One object per process and (folder, limit), so a worker that
+    builds a client per job keeps one set of open lock files."""
     scope = str(Path(log_path).resolve()) if log_path is not None else f"pid-{os.getpid()}"
     digest = hashlib.sha256(scope.encode("utf-8")).hexdigest()[:16]
-    return Limiter(Path(tempfile.gettempdir()) / f"prismem-llm-{os.getuid()}" / digest, limit)
+    root = Path(tempfile.gettempdir()) / f"prismem-llm-{os.getuid()}" / digest
+    key = (str(root), limit)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = Limiter(root, limit)
+        return _SHARED[key]
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
