@@ -21,6 +21,7 @@ import pytest
 from tenacity import wait_none
 
 from evolve.evolution.budget import read_spend
+from evolve.models import attempts
 from evolve.models.clients import llm_client, role_client
 from evolve.models.fake_server import FakeModelServer, Fault, FaultPlan
 from evolve.models.limiter import Limiter, retry_after_seconds
@@ -226,6 +227,7 @@ def test_a_reply_that_never_completes_holds_no_caller_nor_slot(
 ) -> None:
     """A transport stuck past its timeout (a reply trickling in) is abandoned by the watchdog."""
     monkeypatch.setattr(LLMClient, "retry_wait", wait_none())
+    monkeypatch.setattr(attempts, "WATCHDOG_GRACE_S", 0.5)
     stuck = threading.Event()
 
     def script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:

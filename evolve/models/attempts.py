@@ -23,7 +23,9 @@ from typing import TypeVar
 from evolve.models.limiter import Limiter, retry_after_seconds
 
 T = TypeVar("T")
-WATCHDOG_GRACE_S = 1.0  # past its timeout, an attempt still running is abandoned
+# Past its timeout, an attempt still running is abandoned. The HTTP library's own timeout fires
+# first; this catches what it cannot (a reply trickling in), with room for a loaded machine.
+WATCHDOG_GRACE_S = 5.0
 
 
 class AttemptTimeout(TimeoutError):

@@ -327,7 +327,9 @@ class LLMClient:
         json_schema: dict[str, Any] | None,
         max_tokens: int,
     ) -> Completion:
-        """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted."""
+        """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted. The
+        transport is loaded first, so its first import counts against neither."""
+        self._load_transport()
         with counts.attempt():
             return within(config.timeout, lambda: self._transport(
                 role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
@@ -391,6 +393,12 @@ class LLMClient:
         with self._lock:
             self._records.extend(records)
 
+    def _load_transport(self) -> None:
+        """Import litellm (seconds, the first time), outside any slot or timeout."""
+        import litellm
+
+        litellm.suppress_debug_info = True
+
     def _transport(
         self,
         role: str,
@@ -402,9 +410,8 @@ class LLMClient:
         max_tokens: int,
     ) -> Completion:
         """One litellm call, no retries; ``latency_s`` and ``cached`` are set by the caller."""
-        import litellm
+        import litellm  # loaded by _load_transport
 
-        litellm.suppress_debug_info = True
         kwargs = dict(config.extra)
         if config.api_base is not None:
             kwargs["api_base"] = config.api_base

@@ -7,10 +7,10 @@ Owns :class:`ScriptedLLM`, :func:`task_script` (a scripted task model) and re-ex
 worker process does when it unpickles :func:`task_script`. The fake model *server* (a real HTTP
 endpoint with injected faults) is :mod:`evolve.models.fake_server`.
 
-Invariants: the doubles subclass the real classes and replace only the piece that would reach
-a model (``LLMClient._transport``, ``Embedder._encode``), so accounting, caching, retries and
-JSON repair run through the real code. Nothing here is ever selected silently: callers construct
-a double by name, in tests or explicitly labelled offline runs.
+Invariants: the doubles subclass the real classes and replace only the pieces that would reach a
+model (``LLMClient._load_transport`` and ``_transport``, ``Embedder._encode``), so accounting,
+caching, retries and JSON repair run through the real code. Nothing here is ever selected
+silently: callers construct a double by name, in tests or explicitly labelled offline runs.
 """
 
 from __future__ import annotations
@@ -62,6 +62,9 @@ class ScriptedLLM(LLMClient):
         self.usd_per_token = usd_per_token
         self.transport_calls: list[tuple[str, str, list[Message]]] = []
         self._script_lock = threading.Lock()  # a list script is consumed in order by threads
+
+    def _load_transport(self) -> None:
+        """Nothing to load: the script is the model."""
 
     def _transport(
         self,
