@@ -46,7 +46,8 @@ CHILD = textwrap.dedent(
             text = json.loads(conn.getresponse().read())["choices"][0]["message"]["content"]
             return Completion(text, 0, 0, None, 0.0, False, config.model)
 
-    llm = HTTPClient(Models(task=ModelConfig(model="fake")), limiter=Limiter(root, limit))
+    llm = HTTPClient(Models(task=ModelConfig(model="fake")), limiter=Limiter(root, limit),
+                     log_path=root / "calls.sqlite")
     print("ready", flush=True)
     while not (root / "go").exists():
         time.sleep(0.01)
@@ -87,6 +88,8 @@ def test_the_limit_holds_across_two_processes(tmp_path: Path) -> None:
         stats = server.stats()
     assert made == [2 * limit * 3] * 2 and stats.answered == 4 * limit * 3
     assert stats.max_in_flight == limit  # each process alone tried 2 * limit at once
+    with sqlite3.connect(tmp_path / "calls.sqlite") as conn:  # every thread's call was logged
+        assert conn.execute("SELECT COUNT(*) FROM calls").fetchone() == (stats.answered,)
 
 
 HOLDER = textwrap.dedent(
