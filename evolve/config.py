@@ -1,11 +1,12 @@
 """A run's configuration: :class:`RunConfig`, what an ``evolve run`` is started with.
 
 Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per evolution stage,
-where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the
-budget caps, the repair attempts per round (:data:`REPAIRS` by default), the children per round
-and the evaluation cascade (docs/design.md §4) and the ablations), the
-evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates
-on (:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
+where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the LLM
+transport limits (requests in flight for the whole run, seconds per request), the budget caps,
+the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
+evaluation cascade (docs/design.md §4) and the ablations), the evolution stages' order
+(:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on (:data:`SPLITS`), and
+which fitness a run selects on (:meth:`RunConfig.fitness`). The run
 manifest stores the config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it
 back.
 
@@ -22,9 +23,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
 
 from evolve.models import why
+from evolve.models.limiter import DEFAULT_CONCURRENCY
 from evolve.models.llm import ModelConfig
 from evolve.scoring.fitness import Fitness, Variant, choose
 
@@ -62,6 +72,8 @@ class RunConfig(BaseModel):
     coder_model: ModelConfig | None = None  # None = the offline proposer
     judge_model: ModelConfig | None = None  # scores answers by the benchmark's protocol
     judge_variant: Variant = "described"  # BEAM's rubric variant the judged fitness reads
+    llm_concurrency: PositiveInt = DEFAULT_CONCURRENCY  # requests in flight, whole run, per node
+    llm_timeout: PositiveFloat = 120.0  # seconds one LLM request may take (then retried)
     max_usd: float | None = Field(default=None, ge=0)
     max_tokens: NonNegativeInt | None = None
     reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
@@ -89,6 +101,10 @@ class RunConfig(BaseModel):
         """The fitness this run selects on (:func:`evolve.scoring.fitness.choose`)."""
         return choose(self.bench, self.task_model, self.judge_model is not None,
                       self.judge_variant)  # fmt: skip
+
+    def llm_limits(self) -> dict[str, Any]:
+        """The transport limits as :func:`evolve.models.clients.role_client` takes them."""
+        return {"concurrency": self.llm_concurrency, "timeout": self.llm_timeout}
 
     def replace(self, **changes: Any) -> RunConfig:
         """This config with ``changes``, validated like a new one."""

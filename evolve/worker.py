@@ -7,6 +7,9 @@ Invariants:
 - A :class:`WorkerConfig` is picklable (it crosses to worker processes and Ray nodes).
 - One embedder per process and kind: the model loads once per worker, lazily.
 - ``reuse=False`` gives the LLM client no response cache.
+- The task-LLM client shares the run's limit on requests in flight (``llm_concurrency``, one
+  limit for every process of the run on the machine; :mod:`evolve.models.limiter`) and abandons
+  an attempt after ``llm_timeout`` seconds.
 - ``script`` (tests only) answers through a scripted client instead of litellm; it is never set
   from the command line.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from evolve.models.clients import llm_client
 from evolve.models.embed import Embedder, HashingEmbedder
+from evolve.models.limiter import DEFAULT_CONCURRENCY
 from evolve.models.llm import LLMClient, ModelConfig, Models
 
 
@@ -35,6 +39,8 @@ class WorkerConfig:
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
     reuse: bool = True  # False: no stage output or task reply of another evaluation is reused
+    llm_concurrency: int = DEFAULT_CONCURRENCY  # LLM requests in flight, whole run, per machine
+    llm_timeout: float = 120.0  # seconds one LLM request may take before it is retried
     # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through the
     # ``scripted`` test double (evolve.models.clients) instead of litellm. Never set from the
     # command line.
@@ -72,4 +78,5 @@ def make_llm(config: WorkerConfig) -> LLMClient | None:
     log = Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
     cache = root / "llm-cache.sqlite" if config.reuse else None
     models = Models(task=config.task_model)
-    return llm_client(models, log_path=log, cache_path=cache, script=config.script)
+    return llm_client(models, log_path=log, cache_path=cache, script=config.script,
+                      concurrency=config.llm_concurrency, timeout=config.llm_timeout)  # fmt: skip

@@ -290,6 +290,9 @@ def assert_one_error_line(code: int, err: str, message: str) -> None:
         (["run", "--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'"),
         (["run", "--repairs", "-1"], "argument --repairs: must be an integer >= 0, got '-1'"),
         (["run", "--max-usd", "nan"], "argument --max-usd: must be a number >= 0, got 'nan'"),
+        (["eval", "--llm-concurrency", "0"], "argument --llm-concurrency: must be an integer >= 1"),
+        (["run", "--llm-timeout", "0"], "argument --llm-timeout: must be a number > 0, got '0'"),
+        (["compare", "--llm-timeout", "inf"], "argument --llm-timeout: must be a number > 0"),
         (
             ["run", "--coder-max-tokens", "0"],
             "argument --coder-max-tokens: must be an integer >= 1",

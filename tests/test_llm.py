@@ -67,6 +67,7 @@ def test_accounting_per_role_and_stage(tmp_path: Path) -> None:
         "cost_usd": 4.0,
         "cached_calls": 0,
         "errors": 0,
+        **dict.fromkeys(("retries", "rate_limited", "timeouts", "repairs"), 0),
     }
     assert summary["judge"]["calls"] == 1 and summary["judge"]["completion_tokens"] == 3
     logged = rows(log, "SELECT role, stage, prompt_tokens, completion_tokens, cached FROM calls")
@@ -137,6 +138,10 @@ def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
         "cost_usd": 0.0,
         "cached_calls": 0,
         "errors": 0,
+        "retries": 2,
+        "rate_limited": 2,
+        "timeouts": 0,
+        "repairs": 0,
     }
 
 

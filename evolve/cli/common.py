@@ -3,10 +3,11 @@
 Owns :class:`UsageError` and :class:`Parser` (argparse errors become one ``error:`` line and
 exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar`, the shared
 options of the commands that evaluate programs (:func:`add_run_options`) and the runs-dir
-default (:func:`add_runs_dir`), the argparse types of numeric flags (:data:`positive_int`,
-:data:`probability`, ...), program paths (:func:`read_program`), the model flags
-(:func:`model_flag`: ``none`` or an empty name means no model) and the damaged-file warning
-handler (:func:`report_damage`). Scores print by :func:`evolve.scoring.fmt_score`.
+default (:func:`add_runs_dir`), the LLM transport flags (:func:`llm_flags`), the argparse types
+of numeric flags (:data:`positive_int`, :data:`probability`, ...), program paths
+(:func:`read_program`), the model flags (:func:`model_flag`: ``none`` or an empty name means no
+model) and the damaged-file warning handler (:func:`report_damage`). Scores print by
+:func:`evolve.scoring.fmt_score`.
 
 Invariants: nothing here imports a command module or the evaluation engine, so every command
 module imports this one and nothing imports back; an error stays one line whatever the
@@ -68,6 +69,7 @@ def _bounded(cast: Callable[[str], Any], test: Callable[[Any], bool], what: str)
 positive_int = _bounded(int, lambda v: v >= 1, "an integer >= 1")
 non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+positive_float = _bounded(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
@@ -171,6 +173,19 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
     parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default 2)")
     parser.add_argument(
+        "--llm-concurrency",
+        type=positive_int,
+        default=None,
+        help="LLM requests in flight at once for the whole run on this machine, all worker "
+        "processes together; lowered on rate limits (default 16)",
+    )
+    parser.add_argument(
+        "--llm-timeout",
+        type=positive_float,
+        default=None,
+        help="seconds one LLM request may take before it is abandoned and retried (default 120)",
+    )
+    parser.add_argument(
         "--backend",
         default="local",
         choices=["local", "ray"],
@@ -195,6 +210,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="'hashing' is a test double: never use it for real results",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def llm_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``llm_concurrency`` / ``llm_timeout`` as given on the command line (absent: not given,
+    so the config's default, or a resumed run's stored value, stands)."""
+    given = {"llm_concurrency": args.llm_concurrency, "llm_timeout": args.llm_timeout}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def task_config(args: argparse.Namespace) -> ModelConfig | None:

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -29,6 +29,7 @@ from evolve.cli.common import (
     data_dir,
     default_cache_dir,
     err,
+    llm_flags,
     model_flag,
     out,
     probability,
@@ -40,6 +41,9 @@ from evolve.datasets.types import CAPABILITY_NAMES, DataError
 from evolve.distributed import make_backend
 from evolve.models.clients import role_client
 from evolve.scoring import fmt_score
+
+if TYPE_CHECKING:
+    from evolve.worker import WorkerConfig
 
 
 def add_eval(sub: Any) -> None:
@@ -105,11 +109,14 @@ def backend_of(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def judge_client(name: str | None, api_base: str | None, cache: Path) -> Any:
-    """The LLM client of the judge role (None without a judge); calls logged and cached."""
+def judge_client(name: str | None, api_base: str | None, config: WorkerConfig) -> Any:
+    """The LLM client of the judge role (None without a judge); calls logged and cached beside
+    the task model's, under the same limits (``config``)."""
     judge = model_flag(name, api_base, max_tokens=256)
+    cache = Path(config.cache_dir)
     return role_client("judge", judge, log_path=cache / "llm-calls.sqlite",
-                       cache_path=cache / "llm-cache.sqlite")  # fmt: skip
+                       cache_path=cache / "llm-cache.sqlite", concurrency=config.llm_concurrency,
+                       timeout=config.llm_timeout)  # fmt: skip
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -137,8 +144,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.embedder == "hashing":
         err.print("[bold red]embedder 'hashing' is a test double: scores are not meaningful[/]")
     cache = args.cache_dir or default_cache_dir()
-    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder)
-    judge = judge_client(args.judge, args.api_base, Path(cache))
+    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
+                          **llm_flags(args))  # fmt: skip
+    judge = judge_client(args.judge, args.api_base, config)
     if judge is not None and task_model is None:
         err.print("[yellow]--judge has nothing to score without a task model (--model)[/]")
     elif judge is None and task_model is not None:
@@ -188,13 +196,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     tasks = load_taskset(args.bench, data_dir(args.data_dir), args.split)
     task_model = task_config(args)
     cache = args.cache_dir or default_cache_dir()
-    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder)
+    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
+                          **llm_flags(args))  # fmt: skip
     if task_model is None:
         err.print("[bold yellow]no task model configured — offline: retrieval-only[/]")
     total = len(tasks.questions) * len(paths)
     with ProgressBar(total, not args.no_progress, "comparing") as advance:
         try:
-            judge = judge_client(args.judge, args.api_base, Path(cache))
+            judge = judge_client(args.judge, args.api_base, config)
             rows = compare_programs(paths, tasks, config, on_progress=advance, judge=judge,
                                     backend=backend_of(args),
                                     judge_variant=args.judge_variant)  # fmt: skip

@@ -53,6 +53,7 @@ from evolve.evolution.store import (
     RunNotFound,
     RunStore,
 )
+from evolve.models.usage import fault_text
 from evolve.scoring import fmt_score
 
 CANDIDATE_HELP = (
@@ -259,6 +260,7 @@ def _print_spend(spend: dict[str, Any]) -> None:
             f"{t['calls']} calls ({t['cached_calls']} cached), {t['tokens']:,} tokens, "
             f"${t['cost_usd']:.4f}"
             + (f", {t['unpriced_calls']} unpriced" if t["unpriced_calls"] else "")
+            + (f", {faults}" if (faults := fault_text(t)) else "")
         )
 
     out.print(f"spend: {line(total)}", highlight=False)

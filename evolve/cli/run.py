@@ -27,6 +27,7 @@ from evolve.cli.common import (
     data_dir,
     default_cache_dir,
     err,
+    llm_flags,
     model_flag,
     non_negative_float,
     non_negative_int,
@@ -160,6 +161,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         for k in ("max_usd", "max_tokens", "repairs")
         if getattr(args, k) is not None
     }
+    caps.update(llm_flags(args))  # transport limits: a resumption may change them too
     if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
         config = stored_config(_open_run(args)[1], args.resume)
         if args.bench is not None and args.bench != config.bench:

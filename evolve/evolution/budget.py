@@ -66,10 +66,7 @@ def read_spend(run_root: Path) -> Spend:
         return spend
     try:
         with sqlite_connection(path, CALLS_SCHEMA) as conn:
-            cursor = conn.execute(
-                "SELECT role, stage, prompt_tokens, completion_tokens, cost_usd, cached, error "
-                "FROM calls ORDER BY id"
-            )
+            cursor = conn.execute("SELECT * FROM calls ORDER BY id")  # older logs: fewer columns
             names = [d[0] for d in cursor.description]
             rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
     except sqlite3.DatabaseError as exc:

@@ -114,6 +114,7 @@ def freeze(
                     config.judge_model,
                     log_path=calls_path(store.root),
                     cache_path=Path(worker.cache_dir) / "llm-cache.sqlite",
+                    **config.llm_limits(),
                 ),
                 judge_variant=config.judge_variant,
             )

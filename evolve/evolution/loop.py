@@ -102,6 +102,7 @@ def worker_config(
         "cache_dir": config.cache_dir, "task_model": config.task_model,
         "embedder": config.embedder, "call_prefix": call_prefix,
         "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
+        "llm_concurrency": config.llm_concurrency, "llm_timeout": config.llm_timeout,
     }  # fmt: skip
     return WorkerConfig(**{**fields, **changes})
 
@@ -171,7 +172,8 @@ class Evolution:
         injected_coder = coder is not None
         log, cache = calls_path(store.root), Path(config.cache_dir) / "llm-cache.sqlite"
         if coder is None:
-            coder = role_client("coder", config.coder_model, log_path=log, cache_path=cache)
+            coder = role_client("coder", config.coder_model, log_path=log, cache_path=cache,
+                                **config.llm_limits())  # fmt: skip
         self.coder = coder
         self.proposer: Proposer = (
             CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
@@ -180,7 +182,8 @@ class Evolution:
         self.builds_cases = not isinstance(self.proposer, OfflineProposer)
         self._backend: JobBackend | None = None  # started on the first evaluation
         self.judge = judge or role_client("judge", config.judge_model, log_path=log,
-                                          cache_path=cache if config.reuse else None)  # fmt: skip
+                                          cache_path=cache if config.reuse else None,
+                                          **config.llm_limits())  # fmt: skip
         self.worker = worker_config(config, store.root, "evolve", script=task_script)
         self.evaluator = Evaluator(store, config, self.worker, self.judge, lambda: self.backend,
                                    self.tasks, self.compare_routing)  # fmt: skip
@@ -191,7 +194,7 @@ class Evolution:
         # injected annotator) the native map stands in, and the "annotated" event says so.
         if annotator is None and not injected_coder:
             annotator = role_client("annotator", config.coder_model, log_path=log,
-                                    cache_path=cache)  # fmt: skip
+                                    cache_path=cache, **config.llm_limits())  # fmt: skip
         self.annotator = annotator
 
     @property

@@ -1,7 +1,9 @@
 """LLM calls by role: configuration, transport with retries, JSON repair, request cache, accounting.
 
 Owns :data:`ROLES`, :class:`ModelConfig`, :class:`Models`, :class:`LLMClient`, :class:`Completion`,
-:class:`UsageRecord`, :class:`LLMError`, :class:`JSONReplyError` and :func:`parse_json_reply`.
+:class:`UsageRecord`, :class:`LLMError`, :class:`JSONReplyError`, :func:`parse_json_reply`, the
+call log's schema (:data:`CALLS_SCHEMA`) and :func:`log_connection`. One transport attempt and
+the retry rule's bookkeeping are :mod:`evolve.models.attempts`.
 
 Invariants:
 
@@ -14,9 +16,27 @@ Invariants:
 - The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only,
   keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
   json_schema, extra params without secret-named ones). Prompts are not stored, only their hash.
-- Transient transport errors (rate limit, timeout, connection, 503, 500) are retried with
-  exponential backoff and jitter; anything else, or exhausting the retries, raises
-  :class:`LLMError` with a one-line message.
+- Each HTTP attempt holds one slot of the client's :class:`~evolve.models.limiter.Limiter`
+  (the run's shared limit; none: unlimited) for the attempt only, never across a retry's sleep,
+  and is abandoned after the timeout (the client's ``timeout``, else the model's) plus
+  a grace, even when the reply trickles in (:func:`evolve.models.attempts.within`), so a reply
+  that never completes holds neither the caller nor a slot.
+- Transient transport errors (rate limit, timeout, connection, 503, 500, a malformed body) are
+  retried; anything else raises :class:`LLMError` with a one-line message. The retry budget
+  (design §2): a call fails for good after ``retry_attempts`` attempts that failed for any
+  reason but a rate limit, or after ``rate_limit_attempts`` rate-limited ones (a 429, or a 503
+  with Retry-After), whichever comes first, so a provider's rate limits do not spend the
+  budget meant for real failures. A ``Retry-After`` (seconds or an HTTP date) is waited out
+  jointly: the limiter's shared "not before" time holds every process of the run back (without
+  a limiter, the call sleeps it itself); other failures wait ``retry_wait`` (exponential
+  backoff with jitter). A timed-out attempt counts as a real failure.
+- The record of a call counts its transport ``retries`` (attempts after the first), how many
+  of its attempts were ``rate_limited`` (429) and how many ``timeouts``, and ``repair`` (the
+  call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`). The
+  log gains these columns when an older log is first written to (:func:`log_connection`);
+  readers of an older log read them as 0.
+- A client is safe to call from many threads: the records are kept under a lock, and SQLite
+  connections (call log, request cache) are per thread (:func:`evolve.models.sqlite_connection`).
 - API keys are never written: ModelConfig holds none (litellm reads them from the environment;
   a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
   secret-named extra params are left out of the request hash, and error texts are redacted
@@ -31,7 +51,7 @@ import logging
 import os
 import re
 import sqlite3
-import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
@@ -43,12 +63,13 @@ from tenacity import (
     Retrying,
     before_sleep_log,
     retry_if_exception,
-    stop_after_attempt,
     wait_random_exponential,
 )
 from tenacity.wait import wait_base
 
 from evolve.models import cache_transaction, is_corrupt, sqlite_connection
+from evolve.models.attempts import Attempts, is_transient, within
+from evolve.models.limiter import Limiter
 from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
@@ -69,13 +90,38 @@ CREATE TABLE IF NOT EXISTS calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, role TEXT NOT NULL,
     stage TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL,
-    cached INTEGER NOT NULL, request_hash TEXT NOT NULL, error TEXT
+    cached INTEGER NOT NULL, request_hash TEXT NOT NULL, error TEXT,
+    retries INTEGER NOT NULL DEFAULT 0, rate_limited INTEGER NOT NULL DEFAULT 0,
+    timeouts INTEGER NOT NULL DEFAULT 0, repair INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS responses (
     request_hash TEXT PRIMARY KEY, text TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL, model TEXT NOT NULL
 );
 """
+# Columns added to ``calls`` after its first version: an older log gains them when written to.
+FAULT_COLUMNS = ("retries", "rate_limited", "timeouts", "repair")
+_migrated: set[tuple[int, str]] = set()
+
+
+def log_connection(path: Path) -> sqlite3.Connection:
+    """This thread's connection to the call log at ``path``, with the columns of
+    :data:`FAULT_COLUMNS` added to an older log (once per process and file)."""
+    conn = sqlite_connection(path, CALLS_SCHEMA)
+    key = (os.getpid(), str(path))
+    if key in _migrated:
+        return conn
+    have = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+    for name in FAULT_COLUMNS:
+        if name not in have:
+            try:
+                with conn:
+                    conn.execute(f"ALTER TABLE calls ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+            except sqlite3.OperationalError as exc:  # another process or thread added it first
+                if "duplicate column" not in str(exc):
+                    raise
+    _migrated.add(key)
+    return conn
 
 
 class LLMError(RuntimeError):
@@ -152,6 +198,10 @@ class UsageRecord:
     cached: bool
     request_hash: str
     error: str | None
+    retries: int = 0  # transport attempts after the first
+    rate_limited: int = 0  # attempts answered 429
+    timeouts: int = 0  # attempts abandoned at their timeout
+    repair: bool = False  # the call re-asked for valid JSON (LLMClient.complete_json)
 
 
 def _as_messages(messages: list[Message] | str) -> list[Message]:
@@ -163,20 +213,6 @@ def _redact(text: str, config: ModelConfig) -> str:
     ``***`` (:func:`evolve.scrub.mask_secrets`)."""
     extra = [str(v) for k, v in config.extra.items() if is_secret_name(k)]
     return " ".join(mask_secrets(text, secret_values(extra), "***").split())[:500]
-
-
-def _is_transient(exc: BaseException) -> bool:
-    litellm = sys.modules.get("litellm")  # not imported yet: cannot be a litellm error
-    if litellm is None:
-        return False
-    transient = (
-        litellm.RateLimitError,
-        litellm.Timeout,
-        litellm.APIConnectionError,
-        litellm.ServiceUnavailableError,
-        litellm.InternalServerError,
-    )
-    return isinstance(exc, transient)
 
 
 def parse_json_reply(text: str) -> Any:
@@ -204,11 +240,14 @@ def parse_json_reply(text: str) -> Any:
 class LLMClient:
     """Role-based LLM calls through litellm. Paths may be the same file; None = memory only.
 
-    ``retry_attempts`` and ``retry_wait`` (tenacity) govern transport retries; tests set the
-    wait to ``tenacity.wait_none()``.
+    ``limiter`` is the run's shared limit on requests in flight (None: unlimited); ``timeout``
+    the seconds one attempt may take (None: each model's ``timeout``). ``retry_attempts``,
+    ``rate_limit_attempts`` and ``retry_wait`` (tenacity) govern transport retries (the rule is
+    in the module docstring); tests set the wait to ``tenacity.wait_none()``.
     """
 
     retry_attempts: int = 5
+    rate_limit_attempts: int = 20
     retry_wait: wait_base = wait_random_exponential(multiplier=1, max=30)
 
     def __init__(
@@ -217,11 +256,16 @@ class LLMClient:
         *,
         log_path: str | Path | None = None,
         cache_path: str | Path | None = None,
+        limiter: Limiter | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.models = models
         self.log_path = Path(log_path) if log_path is not None else None
         self.cache_path = Path(cache_path) if cache_path is not None else None
+        self.limiter = limiter
+        self.timeout = timeout
         self._records: list[UsageRecord] = []
+        self._lock = threading.Lock()  # guards _records
 
     def available(self, role: str) -> bool:
         return self.models[role] is not None
@@ -234,10 +278,14 @@ class LLMClient:
         *,
         json_schema: dict[str, Any] | None = None,
         max_tokens: int | None = None,
+        repair: bool = False,
     ) -> Completion:
+        """One logical call (``repair``: it re-asks for valid JSON, as counted in the log)."""
         config = self.models[role]
         if config is None:
             raise LLMError(f"no model configured for role {role!r}")
+        if self.timeout is not None:
+            config = config.model_copy(update={"timeout": self.timeout})
         msgs = _as_messages(messages)
         max_tokens = max_tokens if max_tokens is not None else config.max_tokens
         key = self._request_hash(config, msgs, json_schema, max_tokens)
@@ -245,34 +293,47 @@ class LLMClient:
         hit = self._cache_get(key)
         if hit is not None:
             hit = replace(hit, latency_s=time.perf_counter() - began)
-            self._record(role, stage, hit, key, None)
+            self._record(role, stage, hit, key, None, Attempts(None), repair)
             return hit
+        counts = Attempts(self.limiter)
         retrying = Retrying(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(self.retry_attempts),
-            wait=self.retry_wait,
+            retry=retry_if_exception(is_transient),
+            stop=lambda _: counts.spent(self.retry_attempts, self.rate_limit_attempts),
+            wait=lambda state: counts.pause(lambda: float(self.retry_wait(state))),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         )
         try:
             reply = retrying(
-                self._transport,
-                role,
-                stage,
-                config,
-                msgs,
-                json_schema=json_schema,
-                max_tokens=max_tokens,
+                self._attempt, counts, role, stage, config, msgs, json_schema, max_tokens
             )
         except Exception as exc:
             error = _redact(f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}", config)
             failed = Completion("", 0, 0, None, time.perf_counter() - began, False, config.model)
-            self._record(role, stage, failed, key, error)
+            self._record(role, stage, failed, key, error, counts, repair)
             raise LLMError(error) from None
         reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
         self._cache_put(key, reply)
-        self._record(role, stage, reply, key, None)
+        self._record(role, stage, reply, key, None, counts, repair)
         return reply
+
+    def _attempt(
+        self,
+        counts: Attempts,
+        role: str,
+        stage: str,
+        config: ModelConfig,
+        messages: list[Message],
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+    ) -> Completion:
+        """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted. The
+        transport is loaded first, so its first import counts against neither."""
+        self._load_transport()
+        with counts.attempt():
+            return within(config.timeout, lambda: self._transport(
+                role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+            ))  # fmt: skip
 
     def complete_json(
         self,
@@ -290,9 +351,8 @@ class LLMClient:
         conversation = _as_messages(messages)
         problem = ""
         for _ in range(JSON_ATTEMPTS):
-            reply = self.complete(
-                role, stage, conversation, json_schema=schema, max_tokens=max_tokens
-            )
+            reply = self.complete(role, stage, conversation, json_schema=schema,
+                                  max_tokens=max_tokens, repair=problem != "")  # fmt: skip
             try:
                 return validate(parse_json_reply(reply.text))
             except ValueError as exc:
@@ -313,22 +373,31 @@ class LLMClient:
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
         """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
         cached_calls, errors, summed by :class:`~evolve.models.usage.Tally`."""
-        tallies = by_role(asdict(r) for r in self._records)
+        tallies = by_role(asdict(r) for r in self.records)
         return {role: tally.summary() for role, tally in tallies.items()}
 
     @property
     def records(self) -> tuple[UsageRecord, ...]:
         """The calls this client made (or merged) since it was created or last drained."""
-        return tuple(self._records)
+        with self._lock:
+            return tuple(self._records)
 
     def drain_records(self) -> list[UsageRecord]:
         """Return and forget the in-memory records (already in the SQLite log, if any)."""
-        records, self._records = self._records, []
+        with self._lock:
+            records, self._records = self._records, []
         return records
 
     def merge_records(self, records: Iterable[UsageRecord]) -> None:
         """Add records drained from a worker's client to this one's memory (not re-logged)."""
-        self._records.extend(records)
+        with self._lock:
+            self._records.extend(records)
+
+    def _load_transport(self) -> None:
+        """Import litellm (seconds, the first time), outside any slot or timeout."""
+        import litellm
+
+        litellm.suppress_debug_info = True
 
     def _transport(
         self,
@@ -341,9 +410,8 @@ class LLMClient:
         max_tokens: int,
     ) -> Completion:
         """One litellm call, no retries; ``latency_s`` and ``cached`` are set by the caller."""
-        import litellm
+        import litellm  # loaded by _load_transport
 
-        litellm.suppress_debug_info = True
         kwargs = dict(config.extra)
         if config.api_base is not None:
             kwargs["api_base"] = config.api_base
@@ -419,7 +487,14 @@ class LLMClient:
         )
 
     def _record(
-        self, role: str, stage: str, reply: Completion, key: str, error: str | None
+        self,
+        role: str,
+        stage: str,
+        reply: Completion,
+        key: str,
+        error: str | None,
+        counts: Attempts,
+        repair: bool,
     ) -> None:
         record = UsageRecord(
             ts=time.time(),
@@ -433,13 +508,18 @@ class LLMClient:
             cached=reply.cached,
             request_hash=key,
             error=error,
+            retries=max(counts.attempts - 1, 0),
+            rate_limited=counts.rate_limited,
+            timeouts=counts.timeouts,
+            repair=repair,
         )
-        self._records.append(record)
+        with self._lock:
+            self._records.append(record)
         if self.log_path is None:
             return
         row = asdict(record)
         try:
-            with sqlite_connection(self.log_path, CALLS_SCHEMA) as conn:
+            with log_connection(self.log_path) as conn:
                 conn.execute(
                     f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     [int(v) if isinstance(v, bool) else v for v in row.values()],

@@ -7,22 +7,24 @@ Owns :class:`ScriptedLLM`, :func:`task_script` (a scripted task model) and re-ex
 worker process does when it unpickles :func:`task_script`. The fake model *server* (a real HTTP
 endpoint with injected faults) is :mod:`evolve.models.fake_server`.
 
-Invariants: the doubles subclass the real classes and replace only the piece that would reach
-a model (``LLMClient._transport``, ``Embedder._encode``), so accounting, caching, retries and
-JSON repair run through the real code. Nothing here is ever selected silently: callers construct
-a double by name, in tests or explicitly labelled offline runs.
+Invariants: the doubles subclass the real classes and replace only the pieces that would reach a
+model (``LLMClient._load_transport`` and ``_transport``, ``Embedder._encode``), so accounting,
+caching, retries and JSON repair run through the real code. Nothing here is ever selected
+silently: callers construct a double by name, in tests or explicitly labelled offline runs.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from evolve.models import DOUBLES
 from evolve.models.embed import HashingEmbedder
+from evolve.models.limiter import Limiter
 from evolve.models.llm import ROLES, Completion, LLMClient, Message, ModelConfig, Models
 
 __all__ = ["HashingEmbedder", "ScriptedLLM", "Script", "task_script"]
@@ -49,13 +51,20 @@ class ScriptedLLM(LLMClient):
         log_path: str | Path | None = None,
         cache_path: str | Path | None = None,
         usd_per_token: float | None = None,
+        limiter: Limiter | None = None,
+        timeout: float | None = None,
     ) -> None:
         if models is None:
             models = Models(**{role: ModelConfig(model="scripted") for role in ROLES})
-        super().__init__(models, log_path=log_path, cache_path=cache_path)
+        super().__init__(models, log_path=log_path, cache_path=cache_path, limiter=limiter,
+                         timeout=timeout)  # fmt: skip
         self.script = script if callable(script) else list(script)
         self.usd_per_token = usd_per_token
         self.transport_calls: list[tuple[str, str, list[Message]]] = []
+        self._script_lock = threading.Lock()  # a list script is consumed in order by threads
+
+    def _load_transport(self) -> None:
+        """Nothing to load: the script is the model."""
 
     def _transport(
         self,
@@ -67,11 +76,12 @@ class ScriptedLLM(LLMClient):
         json_schema: dict[str, Any] | None,
         max_tokens: int,
     ) -> Completion:
-        self.transport_calls.append((role, stage, messages))
+        with self._script_lock:
+            self.transport_calls.append((role, stage, messages))
+            used = len(self.transport_calls) - 1
         if callable(self.script):
             text = self.script(role, stage, messages)
         else:
-            used = len(self.transport_calls) - 1
             if used >= len(self.script):
                 raise IndexError(f"ScriptedLLM script exhausted after {len(self.script)} replies")
             text = self.script[used]
