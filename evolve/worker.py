@@ -35,6 +35,7 @@ class WorkerConfig:
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
     reuse: bool = True  # False: no stage output or task reply of another evaluation is reused
+    llm_concurrency: int = 16  # model calls one evaluation keeps in flight (its thread pools)
     # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through the
     # ``scripted`` test double (evolve.models.clients) instead of litellm. Never set from the
     # command line.
