@@ -22,6 +22,12 @@ Invariants:
   the mode and its version.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
+- Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
+  scored on its own and the results are kept in trace order, so scores equal a sequential
+  run's (:func:`evolve.fanout.ordered_map`).
+- ``meta.time`` splits the workers' wall time, summed over conversations, into ``model_wait``,
+  ``sandbox`` and ``local`` (:class:`~evolve.fanout.WallClock`), and gives ``judging``, the
+  parent's wall seconds scoring answers; ``meta.seconds`` is the evaluation's wall time.
 """
 
 from __future__ import annotations

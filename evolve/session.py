@@ -31,6 +31,19 @@ Invariants:
   it computed itself, and task LLM calls skip the response cache; the baseline that
   ``bench/run_reuse.py`` measures stage reuse against.
 - Scoring is not done here: the parent scores what the worker returns.
+- Concurrency (design §2; :mod:`evolve.fanout`): the task-model calls run on up to
+  ``config.llm_concurrency`` threads per pool — all extraction windows of the sessions whose
+  units are not stored at once (then units are made and indexed session by session, in order),
+  and the questions' chains. Results, traces, counters and the stage store equal a sequential
+  run's: maps keep item order and raise the first failure in item order; every call into the
+  host is made under one lock, and each question's host section (query, retrieval, building the
+  memory, diagnostics) in its turn, in question order, so the host sees a sequential run's
+  calls in a sequential run's order (only the planning call before the section and the answer
+  call after it overlap); a question sharing its plan key with an earlier one starts after it.
+  Diagnostics are computed for every question whose retrieval succeeded.
+- ``ConversationResult.time`` is the conversation's wall time split by
+  :class:`~evolve.fanout.WallClock` (model wait, sandbox, local); ``seconds`` are per-stage
+  exclusive seconds summed over threads (they overlap when calls run side by side).
 """
 
 from __future__ import annotations
