@@ -22,6 +22,12 @@ Invariants:
   the mode and its version.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
+- Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
+  scored on its own and the results are kept in trace order, so scores equal a sequential
+  run's (:func:`evolve.fanout.ordered_map`).
+- ``meta.time`` splits the workers' wall time, summed over conversations, into ``model_wait``,
+  ``sandbox`` and ``local`` (:class:`~evolve.fanout.WallClock`), and gives ``judging``, the
+  parent's wall seconds scoring answers; ``meta.seconds`` is the evaluation's wall time.
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ from contract.spec import COMPONENTS
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
 from evolve.distributed import JobBackend, die_with_parent, make_backend
+from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.usage import by_role
-from evolve.scoring.answers import make_scorer
+from evolve.scoring.answers import AnswerScorer, Judged, make_scorer
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
@@ -133,13 +140,11 @@ def evaluate(
     metrics = [FITNESS_KEY, *METRICS]
     usage = [u for r in results.values() for u in r.usage]
     judged_before = len(judge.records) if judge is not None else 0
+    judging = time.perf_counter()
     if not config.offline:
         metrics += answers.metrics
-        for trace in traces:  # a failed question is scored as an empty answer
-            text = trace.answer if trace.answer is not None and not trace.error else ""
-            scored = answers.score(by_id[trace.id], text)
-            trace.scores.update(scored.scores)
-            trace.judged = scored.detail
+        _score_answers(answers, traces, by_id, config.llm_concurrency)
+    judging = time.perf_counter() - judging
     for trace in traces:
         trace.scores[FITNESS_KEY] = fit.question(trace.scores)
     rows = [(by_id[t.id], t.scores) for t in traces]
@@ -171,6 +176,7 @@ def evaluate(
             "hit_threshold": scorer.hit_threshold,
             "errors": sum(1 for t in traces if t.error),
             "seconds": round(time.perf_counter() - started, 3),
+            "time": _time_split(results.values(), judging),
         },
         scores=summary,
         stages=_sum_counters(r.counters for r in results.values()),
@@ -248,6 +254,32 @@ def _run_jobs(
                 if on_progress:  # questions a crashed worker never reported
                     on_progress(max(0, len(by_conv[conv_id]) - reported[conv_id]))
     return results
+
+
+def _score_answers(
+    answers: AnswerScorer, traces: list[QuestionTrace], by_id: dict[str, Question], workers: int
+) -> None:
+    """Score every trace's answer, up to ``workers`` questions at once (each judged on its own,
+    so the scores are those of one after another); a failed question counts as an empty answer."""
+
+    def one(trace: QuestionTrace) -> Judged:
+        text = trace.answer if trace.answer is not None and not trace.error else ""
+        return answers.score(by_id[trace.id], text)
+
+    for trace, scored in zip(traces, ordered_map(one, traces, workers), strict=True):
+        trace.scores.update(scored.scores)
+        trace.judged = scored.detail
+
+
+def _time_split(results: Any, judging: float) -> dict[str, float]:
+    """``meta.time``: the workers' :class:`~evolve.fanout.WallClock` splits summed over
+    conversations (``model_wait``, ``sandbox``, ``local``), and ``judging``, the parent's wall
+    seconds scoring answers."""
+    total = {"model_wait": 0.0, "sandbox": 0.0, "local": 0.0}
+    for r in results:
+        for k, v in r.time.items():
+            total[k] += v
+    return {**{k: round(v, 3) for k, v in total.items()}, "judging": round(judging, 3)}
 
 
 def _failed(conv_id: str, questions: list[Question], error: str) -> ConversationResult:

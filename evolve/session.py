@@ -31,15 +31,31 @@ Invariants:
   it computed itself, and task LLM calls skip the response cache; the baseline that
   ``bench/run_reuse.py`` measures stage reuse against.
 - Scoring is not done here: the parent scores what the worker returns.
+- Concurrency (design §2; :mod:`evolve.fanout`): the task-model calls run on up to
+  ``config.llm_concurrency`` threads per pool — all extraction windows of the sessions whose
+  units are not stored at once (then units are made and indexed session by session, in order),
+  and the questions' chains. Results, traces, counters and the stage store equal a sequential
+  run's: maps keep item order and raise the first failure in item order; every call into the
+  host is made under one lock, and each question's host section (query, retrieval, building the
+  memory, diagnostics) in its turn, in question order, so the host sees a sequential run's
+  calls in a sequential run's order (only the planning call before the section and the answer
+  call after it overlap); a question sharing its plan key with an earlier one starts after it.
+  Diagnostics are computed for every question whose retrieval succeeded.
+- ``ConversationResult.time`` is the conversation's wall time split by
+  :class:`~evolve.fanout.WallClock` (model wait, sandbox, local); ``seconds`` are per-stage
+  exclusive seconds summed over threads (they overlap when calls run side by side).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +65,7 @@ from evolve import prompts
 from evolve.backend_service import BackendService
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
+from evolve.fanout import Turns, WallClock, attempt, ordered_map
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
@@ -57,6 +74,7 @@ from sandbox.fingerprint import fingerprints
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 
 T = TypeVar("T")
+Records = list[dict[str, Any]] | None  # the task model's unit records for a session (None offline)
 EVAL_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
 INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
 INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit
@@ -78,6 +96,7 @@ class ConversationResult:
     usage: list[dict[str, Any]]
     seconds: dict[str, float] = field(default_factory=dict)
     embedding: dict[str, float] = field(default_factory=dict)  # the embedder's stats for this job
+    time: dict[str, float] = field(default_factory=dict)  # the WallClock split of its wall time
 
 
 class ConversationSession:
@@ -99,6 +118,9 @@ class ConversationSession:
         self.service = BackendService(
             self.embedder, self.llm, config.call_prefix, config.max_complete_calls
         )
+        self.clock = WallClock()
+        self._lock = threading.RLock()  # the host (start, calls), counters and stage seconds
+        self._local = threading.local()  # per thread: seconds in nested timed sections
         self.counters = {
             c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0}
             for c in COMPONENTS
@@ -110,24 +132,32 @@ class ConversationSession:
         self._host_error: str | None = None
         self._schemas: dict[str, Any] = {}
         self._memory_ready = False
-        self._nested = 0.0  # seconds spent in nested timed sections (see timed)
 
     # -- the host ------------------------------------------------------------------------
 
     def host(self) -> Host:
         """The program's host, started and loaded on first use; one per conversation."""
-        if self._host_error:
-            raise HostFailure(self._host_error)
-        if self._host is None:
-            try:
-                self._host = Host(EVAL_LIMITS, serve=self.service)
-                self._host.call("load", {"source": self.source, "path": self.path})
-                self._schemas, _ = self._host.call("schema")
-            except (HostFailure, ProgramFailure) as exc:
-                self._host_error = f"program host: {exc}"
-                self.close()
-                raise HostFailure(self._host_error) from None
-        return self._host
+        with self._lock:
+            if self._host_error:
+                raise HostFailure(self._host_error)
+            if self._host is None:
+                try:
+                    with self.clock.during("sandbox"):
+                        self._host = Host(EVAL_LIMITS, serve=self._serve)
+                        self._host.call("load", {"source": self.source, "path": self.path})
+                        self._schemas, _ = self._host.call("schema")
+                except (HostFailure, ProgramFailure) as exc:
+                    self._host_error = f"program host: {exc}"
+                    self.close()
+                    raise HostFailure(self._host_error) from None
+            return self._host
+
+    def _serve(
+        self, header: dict[str, Any], blobs: list[bytes]
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """The host's backend requests, timed: a completion as model wait, the rest as local."""
+        with self.clock.during("model" if header.get("method") == "complete" else "local"):
+            return self.service(header, blobs)
 
     def call(
         self,
@@ -136,14 +166,16 @@ class ConversationSession:
         blobs: list[bytes] | None = None,
         timeout: float | None = None,
     ) -> tuple[Any, list[bytes]]:
-        host = self.host()
-        self.service.calls = 0
-        try:
-            return host.call(op, payload, blobs, timeout=timeout)
-        except HostFailure as exc:  # the host is gone: every later step fails the same way
-            self._host_error = f"program host: {exc}"
-            self.close()
-            raise
+        with self._lock:
+            host = self.host()
+            self.service.calls = 0
+            try:
+                with self.clock.during("sandbox"):
+                    return host.call(op, payload, blobs, timeout=timeout)
+            except HostFailure as exc:  # the host is gone: every later step fails the same way
+                self._host_error = f"program host: {exc}"
+                self.close()
+                raise
 
     def schema(self, name: str) -> dict[str, Any]:
         self.host()
@@ -156,29 +188,60 @@ class ConversationSession:
 
     def timed(self, stage: str, fn: Callable[[], T]) -> T:
         """Run ``fn``, adding its exclusive time to ``stage``: time spent in stages nested inside
-        it (retrieval that has to build the memory first) counts for those stages only."""
-        start, outer_nested, self._nested = time.perf_counter(), self._nested, 0.0
+        it (retrieval that has to build the memory first) counts for those stages only. Times
+        are per thread: stages running side by side add up to more than the wall time."""
+        outer_nested = getattr(self._local, "nested", 0.0)
+        start, self._local.nested = time.perf_counter(), 0.0
         try:
             return fn()
         finally:
             elapsed = time.perf_counter() - start
-            self.seconds[stage] += elapsed - self._nested
-            self._nested = outer_nested + elapsed
+            with self._lock:
+                self.seconds[stage] += elapsed - self._local.nested
+            self._local.nested = outer_nested + elapsed
+
+    def model(self, fn: Callable[[], T]) -> T:
+        """A task-model call, counted as model wait on the clock."""
+        with self.clock.during("model"):
+            return fn()
 
     def count(self, stage: str, outcome: str) -> None:
-        self.counters[stage][outcome] += 1
+        with self._lock:
+            self.counters[stage][outcome] += 1
 
     # -- extraction and indexing (per conversation) -------------------------------------
 
-    def units(self, i: int) -> list[dict[str, Any]]:
+    def units(self, i: int, records: Callable[[], Records]) -> list[dict[str, Any]]:
         segment, key = self.conv.sessions[i], self.extract_keys[i]
-        return list(self._cached_json("extract", key, lambda: self._extract(segment)))
+        return list(self._cached_json("extract", key, lambda: self._extract(segment, records())))
 
-    def _extract(self, segment: Segment) -> list[dict[str, Any]]:
-        records = None
-        if self.llm is not None:
-            windows = prompts.extraction_windows(segment)
-            records = [r for window in windows for r in self._extract_llm(window)]
+    def _prefetch_records(self) -> list[Callable[[], Records]]:
+        """Per session, the task model's records (None offline): the windows of every session
+        whose units are not stored are extracted now, concurrently, as thunks that give a
+        session's records in window order or raise its first window's failure; a session whose
+        units are stored gets a thunk that extracts it only if the stored entry proves bad."""
+        llm_sessions = [] if self.llm is None else [
+            i for i, key in enumerate(self.extract_keys) if not self.store.has("extract", key)
+        ]  # fmt: skip
+        work = [(i, w) for i in llm_sessions
+                for w in prompts.extraction_windows(self.conv.sessions[i])]  # fmt: skip
+        done = self.timed("extract", lambda: ordered_map(
+            lambda iw: attempt(lambda: self._extract_llm(iw[1])), work, self.config.llm_concurrency
+        ))  # fmt: skip
+        thunks: list[Callable[[], Records]] = []
+        for i, segment in enumerate(self.conv.sessions):
+            mine = [got for (j, _), got in zip(work, done, strict=True) if j == i]
+            wanted = i in llm_sessions
+            thunks.append(partial(_joined, mine) if wanted else partial(self._records, segment))
+        return thunks
+
+    def _records(self, segment: Segment) -> Records:
+        """The task model's records for ``segment``, window after window (None offline)."""
+        if self.llm is None:
+            return None
+        return [r for w in prompts.extraction_windows(segment) for r in self._extract_llm(w)]
+
+    def _extract(self, segment: Segment, records: Records) -> list[dict[str, Any]]:
         units, _ = self.call(
             "units",
             {"segment": asdict(segment), "records": records},
@@ -197,9 +260,8 @@ class ConversationSession:
             return [conform(schema, u) for u in data["units"]]
 
         prompt = prompts.extraction_prompt(self.source, wrapper, window)
-        return self.llm.complete_json(
-            "task", f"{self.config.call_prefix}/extract", prompt, wrapper, validate
-        )
+        stage, llm = f"{self.config.call_prefix}/extract", self.llm
+        return self.model(lambda: llm.complete_json("task", stage, prompt, wrapper, validate))
 
     def ensure_memory(self) -> None:
         """The host holds the built memory: restored from the store, or indexed now (and stored)."""
@@ -216,7 +278,8 @@ class ConversationSession:
                 self._memory_ready = True
                 self.count("index", "reused")
                 return
-        all_units = [self.units(i) for i in range(len(self.conv.sessions))]
+        records = self._prefetch_records()
+        all_units = [self.units(i, records[i]) for i in range(len(self.conv.sessions))]
         payload = {
             **limits,
             "segments": [asdict(s) for s in self.conv.sessions],
@@ -248,19 +311,30 @@ class ConversationSession:
 
     # -- planning, retrieval, answer (per question) --------------------------------------
 
-    def question(self, q: Question) -> QuestionTrace:
+    def question(
+        self, q: Question, turn: AbstractContextManager[Any] | None = None
+    ) -> QuestionTrace:
+        """One question's chain. The planning call (when the plan is not stored) runs first,
+        outside ``turn``; the program's query and retrieval (and diagnostics) run inside it, so
+        the host sees the calls of a sequential run in its order; the answer call runs after."""
         trace = QuestionTrace(id=q.id, conversation_id=q.conversation_id)
         plan_key = self.keys.plan(q.question, q.question_date)
         retrieve_key = self.keys.retrieve(self.index_key, plan_key)
         answer_key = self.keys.answer(retrieve_key, q.posed)
+        record = None
+        if self.llm is not None and not self.store.has("plan", plan_key):
+            record = self.timed("plan", lambda: attempt(lambda: self._plan_record(q)))
         stage = "plan"
         try:
-            query = self._cached_json("plan", plan_key, lambda: self._plan(q))
-            trace.query = query
-            stage = "retrieve"
-            found = self._cached_json("retrieve", retrieve_key, lambda: self._retrieve(query))
-            trace.retrieved, trace.over_budget = found["retrieved"], found["over_budget"]
-            trace.raw_chars, trace.retrieve_ms = found["raw_chars"], found.get("retrieve_ms")
+            with turn or nullcontext():
+                query = self._cached_json("plan", plan_key, lambda: self._plan(q, record))
+                trace.query = query
+                stage = "retrieve"
+                found = self._cached_json("retrieve", retrieve_key, lambda: self._retrieve(query))
+                trace.retrieved, trace.over_budget = found["retrieved"], found["over_budget"]
+                trace.raw_chars, trace.retrieve_ms = found["raw_chars"], found.get("retrieve_ms")
+                if self.config.diagnose:
+                    self._diagnose(q, trace)
             stage = "answer"
             if self.llm is None:
                 self.count("answer", "skipped")
@@ -286,18 +360,32 @@ class ConversationSession:
         self.count(stage, "computed")
         return value
 
-    def _plan(self, q: Question) -> dict[str, Any]:
+    def _diagnose(self, q: Question, trace: QuestionTrace) -> None:
+        """Cold-start diagnostics (:mod:`evolve.diagnostics`) into ``trace``."""
+        try:
+            trace.diagnostics = question_diagnostics(
+                q, self.conv, self.stored_units, self.probe, self.embedder
+            )
+        except (HostFailure, ProgramFailure) as exc:
+            trace.diagnostics_error = str(exc)[:300]
+
+    def _plan_record(self, q: Question) -> dict[str, Any]:
+        """The task model's Query record for ``q``."""
+        assert self.llm is not None
+        schema, llm = self.schema("Query"), self.llm
+        prompt = prompts.planning_prompt(self.source, schema, q)
+        stage = f"{self.config.call_prefix}/plan"
+        return self.model(
+            lambda: llm.complete_json("task", stage, prompt, schema, lambda d: conform(schema, d))
+        )
+
+    def _plan(self, q: Question, prefetched: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+        """The program's query for ``q`` from the task model's record (``prefetched``, or asked
+        now); the host is checked first, as a sequential run would find it."""
         record = None
         if self.llm is not None:
-            schema = self.schema("Query")
-            prompt = prompts.planning_prompt(self.source, schema, q)
-            record = self.llm.complete_json(
-                "task",
-                f"{self.config.call_prefix}/plan",
-                prompt,
-                schema,
-                lambda d: conform(schema, d),
-            )
+            self.schema("Query")
+            record = prefetched() if prefetched is not None else self._plan_record(q)
         payload = {"question": q.question, "date": q.question_date, "record": record}
         query, _ = self.call("query", payload, timeout=self.config.step_seconds)
         if not isinstance(query, dict):
@@ -336,8 +424,14 @@ class ConversationSession:
 
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None
-        prompt = prompts.answer_prompt(self.source, retrieved, q)
-        return self.llm.complete("task", f"{self.config.call_prefix}/answer", prompt).text
+        prompt, llm = prompts.answer_prompt(self.source, retrieved, q), self.llm
+        stage = f"{self.config.call_prefix}/answer"
+        return self.model(lambda: llm.complete("task", stage, prompt).text)
+
+
+def _joined(parts: list[Callable[[], list[dict[str, Any]]]]) -> Records:
+    """One session's records from its windows' outcomes, in window order."""
+    return [r for got in parts for r in got()]
 
 
 def run_conversation(
@@ -352,28 +446,39 @@ def run_conversation(
 
     Runs in a worker process; the program's own code runs in a confined host it starts.
     ``ticks``, when given, is a queue that receives the conversation id after each question.
+    Questions run on up to ``config.llm_concurrency`` threads, each host section in its turn
+    (question order); a question that shares its plan key with an earlier one starts after
+    that one has finished, so it finds the stage outputs a sequential run finds.
     """
     run = ConversationSession(source, path, config, conv)
     run.embedder.stats.reset()
-    traces: list[QuestionTrace] = []
-    try:
-        for q in questions:
-            traces.append(run.question(q))
-            if config.diagnose and not traces[-1].error:
-                try:
-                    traces[-1].diagnostics = question_diagnostics(
-                        q, conv, run.stored_units, run.probe, run.embedder
-                    )
-                except (HostFailure, ProgramFailure) as exc:
-                    traces[-1].diagnostics_error = str(exc)[:300]
+    turns = Turns()
+    finished = [threading.Event() for _ in questions]
+    plan_keys = [run.keys.plan(q.question, q.question_date) for q in questions]
+    first = {key: k for k, key in reversed(list(enumerate(plan_keys)))}
+
+    def one(k: int) -> QuestionTrace:
+        try:
+            earlier = first[plan_keys[k]]
+            if earlier < k:
+                finished[earlier].wait()
+            trace = run.question(questions[k], turns.turn(k))
             if ticks is not None:
                 ticks.put(conv.id)
+            return trace
+        finally:
+            finished[k].set()
+
+    try:
+        traces = ordered_map(one, range(len(questions)), config.llm_concurrency)
     finally:
         run.close()
     run.count_untouched()
     usage = [asdict(r) for r in run.llm.drain_records()] if run.llm else []
     embedding = asdict(run.embedder.stats)
-    return ConversationResult(conv.id, traces, run.counters, usage, run.seconds, embedding)
+    return ConversationResult(
+        conv.id, traces, run.counters, usage, run.seconds, embedding, run.clock.seconds()
+    )
 
 
 def evaluator_version() -> str:

@@ -324,6 +324,10 @@ def _print_report(report: dict[str, Any]) -> None:
                        + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
                        for s, c in report["stages"].items())  # fmt: skip
     out.print(f"stages (computed/reused): {stages}")
+    if split := meta.get("time"):
+        out.print(f"time (s, summed over conversations): model wait {split['model_wait']:.1f}, "
+                  f"sandbox {split['sandbox']:.1f}, local {split['local']:.1f}; "
+                  f"judging {split['judging']:.1f}")  # fmt: skip
     if meta["errors"]:
         out.print(f"[red]{meta['errors']} questions failed[/] — see {meta.get('traces')}")
     out.print(f"traces: {meta.get('traces')}")

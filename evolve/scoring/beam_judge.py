@@ -25,7 +25,10 @@ Protocol:
   answer — a stated stand-in, not a BEAM metric.
 
 Invariants: judge calls use role ``judge`` and stages ``beam/rubric`` and ``beam/align``;
-without a judge every judged metric is ``None``. Prompt hashes are in :meth:`Scorer.describe`.
+without a judge every judged metric is ``None``. A question's rubric calls are independent and
+run concurrently (bounded by its item count; the run-wide limit is the client's), their scores
+kept in rubric order; ordering's alignment calls stay sequential (each depends on the ones
+before it). Prompt hashes are in :meth:`Scorer.describe`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import defaultdict
 from typing import Any
 
 from evolve.datasets.types import Question
+from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.scoring.answers import Judged, prompt_sha256
 from evolve.scoring.locomo import token_f1
@@ -115,26 +119,29 @@ class Scorer:
         if question.ability == ORDERING:
             return self._ordering(question, answer)
         official, described, detail = [], [], []
-        for item in question.rubric:
-            for variant in VARIANTS:
-                shown = QUESTION_BLOCK.format(question=question.question)
-                prompt = RUBRIC_PROMPT.format(
-                    question_block=shown if variant == "described" else "",
-                    item=item,
-                    answer=answer,
-                )
-                value = self.judge.complete_json(
-                    "judge", "beam/rubric", prompt, RUBRIC_SCHEMA, _score_value, max_tokens=200
-                )
-                if variant == "official":
-                    official.append(float(int(value)))  # the published code's int(): 0.5 -> 0
-                else:
-                    described.append(value)
-                detail.append({"item": item, "variant": variant, "score": value})
+        pairs = [(item, variant) for item in question.rubric for variant in VARIANTS]
+        # every (item, variant) is judged on its own: all at once, results in rubric order
+        values = ordered_map(lambda p: self._rubric(question, answer, *p), pairs, len(pairs))
+        for (item, variant), value in zip(pairs, values, strict=True):
+            if variant == "official":
+                official.append(float(int(value)))  # the published code's int(): 0.5 -> 0
+            else:
+                described.append(value)
+            detail.append({"item": item, "variant": variant, "score": value})
         scores: dict[str, float | None] = dict.fromkeys(self.metrics)
         scores["beam_official"] = sum(official) / len(official)
         scores["beam_described"] = sum(described) / len(described)
         return Judged(scores, {"rubric": detail})
+
+    def _rubric(self, question: Question, answer: str, item: str, variant: str) -> float:
+        assert self.judge is not None
+        shown = QUESTION_BLOCK.format(question=question.question)
+        prompt = RUBRIC_PROMPT.format(
+            question_block=shown if variant == "described" else "", item=item, answer=answer
+        )
+        return self.judge.complete_json(
+            "judge", "beam/rubric", prompt, RUBRIC_SCHEMA, _score_value, max_tokens=200
+        )
 
     def max_judge_calls(self, question: Question) -> int:
         # two variants per rubric item; ordering: up to one call per (line, item) pair
