@@ -108,8 +108,13 @@ def test_status_reports_stage_best_specialists_and_spend(
     for cap, reported in status["specialists"].items():
         held = kept[cap].scores["valid"]["by_capability"][cap]
         assert reported["valid_fitness"] == pytest.approx(fitness(held))
-    assert status["by_status"] == {"proposed": 0, "rejected": 0, "evaluated": 3, "failed": 0,
-                                   "stopped": 0}
+    assert status["by_status"] == {
+        "proposed": 0,
+        "rejected": 0,
+        "evaluated": 3,
+        "failed": 0,
+        "stopped": 0,
+    }
     assert status["spend"]["total"]["calls"] == 0 and status["frozen"] == []
     code, out, err = cli(capsys, "status", "--runs-dir", str(runs))  # newest run by default
     assert code == 0 and f"newest run {RUN}" in err
