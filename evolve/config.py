@@ -2,7 +2,8 @@
 
 Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per evolution stage,
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the
-budget caps, the repair attempts per round (:data:`REPAIRS` by default) and the ablations), the
+budget caps, the repair attempts per round (:data:`REPAIRS` by default), the offline
+proposer's search strategy and the ablations), the
 evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates
 on (:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
 manifest stores the config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it
@@ -64,6 +65,7 @@ class RunConfig(BaseModel):
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
     cases: Literal["worst", "random"] = "worst"
+    offline_search: Literal["optuna", "random"] = "optuna"  # the offline proposer's strategy
 
     @field_validator("rounds")
     @classmethod

@@ -58,6 +58,7 @@ from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
 from evolve.evolution.store import CandidateMeta, RunStore
+from evolve.evolution.tpe import offline_proposer
 from evolve.executor import EvalError, evaluate
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
@@ -162,7 +163,7 @@ class Evolution:
             coder = role_client("coder", config.coder_model, log_path=log, cache_path=cache)
         self.coder = coder
         self.proposer: Proposer = (
-            CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
+            CoderProposer(coder) if coder is not None else offline_proposer(config, store.root)
         )
         # the offline proposer reads constants and scores, never cases: none are built for it
         self.builds_cases = not isinstance(self.proposer, OfflineProposer)

@@ -50,6 +50,7 @@ class Request:
     differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
     diagnostics: dict[str, Any] | None = None  # the parent's stage diagnostics on train
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds
+    child: int = 0  # index of the child within its round (K children per round)
 
 
 @dataclass(frozen=True)
