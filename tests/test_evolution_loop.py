@@ -101,10 +101,12 @@ def test_resume_with_a_higher_cap_matches_an_uninterrupted_run(
 def test_run_ablations_no_integration_and_random_cases(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
-    """`--no-integration` files no integrated candidate; `--cases random` is recorded, and the
-    offline proposer, which reads no cases, is given none."""
+    """`--no-integration` files no integrated candidate; `--cases random` and
+    `--offline-search random` are recorded, and the offline proposer, which reads no cases, is
+    given none."""
     argv = ["run", "--data-dir", str(data_dir), "--rounds", "1,1,1", "--no-integration",
-            "--cases", "random", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
+            "--cases", "random", "--offline-search", "random", "--conversations", "1",
+            "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
             "--no-progress"]  # fmt: skip
     assert main(argv) == 0
@@ -114,6 +116,8 @@ def test_run_ablations_no_integration_and_random_cases(
     assert store.load_state()["rounds"] == {"cold_start": 1, "refinement": 1}
     recorded = store.manifest["config"]
     assert recorded["cases"] == "random" and recorded["rounds"]["integration"] == 0
+    assert recorded["offline_search"] == "random"  # the random mutation, not optuna
+    assert all(c.message.startswith("offline: ") for c in store.candidates()[1:])
     proposed = store.events("proposed")
     assert [e["data"]["stage"] for e in proposed] == ["cold_start", "refinement"]
     assert all(e["data"]["cases"] == [] for e in proposed)
