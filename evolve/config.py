@@ -2,17 +2,19 @@
 
 Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per evolution stage,
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the
-budget caps, the repair attempts per round (:data:`REPAIRS` by default), the offline
-proposer's search strategy and the ablations), the
-evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates
-on (:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
-manifest stores the config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it
-back.
+budget caps, the repair attempts per round (:data:`REPAIRS` by default), the children per round
+and the evaluation cascade (docs/design.md §4), the offline proposer's search strategy and the
+ablations), the evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the
+splits a run evaluates on (:data:`SPLITS`), and which fitness a run selects on
+(:meth:`RunConfig.fitness`). The run manifest stores the config as JSON
+(:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
 unknown keys, wrong types and values outside their choices are refused, and a stored config
 that does not validate is a :class:`ConfigError` with one line saying what is wrong (a damaged
-or incompatible run is never resumed or frozen on a guess). This module imports no part of the
+or incompatible run is never resumed or frozen on a guess). A stored config from before
+``children`` / ``cascade`` existed reads as the run ran: one child per round, no cascade
+(:data:`BEFORE_CASCADE`). This module imports no part of the
 engine, so the commands that only read a run do not load it.
 """
 
@@ -29,6 +31,9 @@ from evolve.scoring.fitness import Fitness, Variant, choose
 STAGES = ("cold_start", "refinement", "integration")
 SPLITS = ("train", "valid")
 REPAIRS = 3  # repair attempts after a proposal that fails to apply or fails the sandbox
+CHILDREN = 2  # children proposed per round (evaluated concurrently)
+MINIBATCH = 2  # train conversations of a round's cascade minibatch
+BEFORE_CASCADE = {"children": 1, "cascade": False}  # how a config stored without them ran
 
 
 class ConfigError(ValueError):
@@ -61,6 +66,9 @@ class RunConfig(BaseModel):
     max_tokens: NonNegativeInt | None = None
     reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
     repairs: NonNegativeInt = REPAIRS  # repair attempts after a proposal that fails
+    children: PositiveInt = CHILDREN  # children per round, evaluated concurrently
+    cascade: bool = True  # screen each child on a train minibatch before full train + valid
+    minibatch: PositiveInt = MINIBATCH  # train conversations in a round's minibatch
     # ablations (docs/design.md §4): no capabilities; how refinement picks its target; which cases
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
@@ -95,7 +103,7 @@ def stored_config(manifest: dict[str, Any], run_id: str) -> RunConfig:
     if not isinstance(stored, dict):
         raise ConfigError(f"run {run_id} has no usable config in its manifest")
     try:
-        return RunConfig.model_validate(stored)
+        return RunConfig.model_validate({**BEFORE_CASCADE, **stored})
     except ValueError as exc:
         raise ConfigError(
             f"run {run_id}: the config in its manifest is damaged or incompatible ({why(exc)})"

@@ -63,14 +63,17 @@ def shared_cache(run: RunStore) -> Path:
 def test_loop_fills_the_archive(uninterrupted: RunStore):
     candidates = uninterrupted.candidates()
     assert candidates[0].stage == "seed" and candidates[0].status == "evaluated"
-    assert [c.stage for c in candidates[1:]] == ["cold_start", "refinement", "refinement",
-                                                 "integration"]  # fmt: skip
+    k = uninterrupted.manifest["config"]["children"]
+    assert k > 1  # the default proposes several children per round
+    assert [c.stage for c in candidates[1:]] == [stage for stage, n in ROUNDS.items()
+                                                 for _ in range(n * k)]  # fmt: skip
     assert all(c.parents for c in candidates[1:])
     refinement = [c for c in candidates if c.stage == "refinement"]
     assert all(c.capability in {"F", "T", "P", "M", "A"} for c in refinement)
     evaluated = [c for c in candidates if c.status == "evaluated"]
-    for c in evaluated:
-        assert set(c.scores) == {"train", "valid"} and c.sandbox and c.sandbox["passed"]
+    for c in evaluated:  # every child was screened on the minibatch first, the seed was not
+        screen = {"minibatch"} if c.stage != "seed" else set()
+        assert set(c.scores) == {"train", "valid"} | screen and c.sandbox and c.sandbox["passed"]
     best = best_overall(candidates)
     assert best is not None
     assert not [c for c in evaluated if paired_beats(c, best, None)]  # none the test prefers
@@ -93,7 +96,7 @@ def test_resume_with_a_higher_cap_matches_an_uninterrupted_run(
     short = config(data_dir, cache, rounds={"cold_start": 1, "refinement": 1})
     store = RunStore.create(tmp_path, {"config": short.as_json()}, run_id="capped")
     Evolution(store, short).run()
-    assert len(store.candidates()) == 3
+    assert len(store.candidates()) == 1 + 2 * short.children
     Evolution(RunStore.open(tmp_path, "capped"), config(data_dir, cache)).run()
     assert archive(RunStore.open(tmp_path, "capped")) == archive(uninterrupted)
 
@@ -103,10 +106,10 @@ def test_run_ablations_no_integration_and_random_cases(
 ):
     """`--no-integration` files no integrated candidate; `--cases random` and
     `--offline-search random` are recorded, and the offline proposer, which reads no cases, is
-    given none."""
+    given none; `--children 1 --no-cascade`: one child per round, evaluated in full."""
     argv = ["run", "--data-dir", str(data_dir), "--rounds", "1,1,1", "--no-integration",
-            "--cases", "random", "--offline-search", "random", "--conversations", "1",
-            "--jobs", "1", "--embedder", "hashing",
+            "--children", "1", "--no-cascade", "--offline-search", "random",
+            "--cases", "random", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
             "--no-progress"]  # fmt: skip
     assert main(argv) == 0
@@ -118,6 +121,8 @@ def test_run_ablations_no_integration_and_random_cases(
     assert recorded["cases"] == "random" and recorded["rounds"]["integration"] == 0
     assert recorded["offline_search"] == "random"  # the random mutation, not optuna
     assert all(c.message.startswith("offline: ") for c in store.candidates()[1:])
+    assert recorded["children"] == 1 and recorded["cascade"] is False
+    assert all(c.cascade is None and "minibatch" not in c.scores for c in store.candidates())
     proposed = store.events("proposed")
     assert [e["data"]["stage"] for e in proposed] == ["cold_start", "refinement"]
     assert all(e["data"]["cases"] == [] for e in proposed)
@@ -138,10 +143,15 @@ def test_a_round_replayed_after_its_child_was_evaluated_files_nothing_new(
     assert archive(RunStore.open(tmp_path, "whole")) == archive(uninterrupted)
 
 
-# Where the SIGKILL test kills `evolve run`: when the n-th candidate file appears (its
-# evaluation has just started) or when n candidates are evaluated (between rounds or inside
-# the next proposal). Each point is reached in a fresh process: the previous one was killed.
-KILL_POINTS = [("filed", 1), ("evaluated", 1), ("filed", 3), ("evaluated", 4)]
+# Where the SIGKILL test kills `evolve run` (two children per round, cascade on): when the n-th
+# candidate file appears (the seed's evaluation has just started; a round's children are filed,
+# its cascade starts), when n children hold a screen (during a cascade: a sibling may still be
+# on its minibatch) or when n candidates are judged (after a cascade, during the full
+# evaluations, between rounds or inside the next proposals). Each point is reached in a fresh
+# process: the previous one was killed.
+KILL_POINTS = [("filed", 1), ("filed", 3), ("screened", 1), ("judged", 3), ("screened", 4),
+               ("judged", 7)]  # fmt: skip
+JUDGED = ("evaluated", "stopped")
 
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run(
@@ -164,18 +174,27 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
     assert proc.returncode == 0, err.decode()[-2000:]
     store = RunStore.open(tmp_path, run_dir.name)
     assert archive(store) == archive(uninterrupted)
-    started = Counter(e["data"]["candidate"] for e in store.events("evaluating"))
-    filed = Counter(e["data"]["candidate"] for e in store.events("evaluated"))
-    evaluated = {c.id for c in store.candidates() if c.status == "evaluated"}
-    assert max(filed.values()) == 1 and set(filed) <= evaluated  # none evaluated twice
-    assert set(started) == evaluated  # none lost: every evaluation started was finished
-    # a start after the candidate's own "evaluated" event would be a second evaluation
-    done: set[str] = set()
+    judged = {c.id: c.status for c in store.candidates() if c.status in JUDGED}
+    started = {(e["data"]["candidate"], e["data"]["phase"]) for e in store.events("evaluating")}
+    filed = Counter((e["data"]["candidate"], "full") for e in store.events("evaluated"))
+    filed += Counter((e["data"]["candidate"], "minibatch") for e in store.events("screened"))
+    assert max(filed.values()) == 1 and set(filed) <= started  # none screened/evaluated twice
+    # none lost: every evaluation started was finished and filed (a kill between filing a
+    # result and logging its event may leave the event out, never the result)
+    screened = {c.id for c in store.candidates() if c.cascade}
+    assert {c for c, phase in started if phase == "minibatch"} == screened
+    assert {c for c, phase in started if phase == "full"} == {
+        c for c, status in judged.items() if status == "evaluated"}  # fmt: skip
+    assert {c for c, _ in started} == set(judged)
+    assert "stopped" in judged.values()  # the kills went through a cascade that stopped one
+    # a start after the candidate's own result for that phase would be a second evaluation
+    done: set[tuple[str, str]] = set()
     for event in store.events():
-        who = event["data"].get("candidate")
-        assert not (event["kind"] == "evaluating" and who in done), f"{who} evaluated again"
-        if event["kind"] == "evaluated":
-            done.add(who)
+        data = event["data"]
+        if event["kind"] == "evaluating":
+            assert (data["candidate"], data["phase"]) not in done, f"{data} evaluated again"
+        elif event["kind"] in ("evaluated", "screened"):
+            done.add((data["candidate"], "full" if event["kind"] == "evaluated" else "minibatch"))
     manifest = store.manifest  # what the run started from, hashed
     train = manifest["data"]["train"]
     assert len(train) == 3 and all(len(h) == 64 for h in train.values())
@@ -203,19 +222,22 @@ def _wait_for(run: Path, point: tuple[str, int], proc: subprocess.Popen[bytes]) 
     kind, n = point
     while proc.poll() is None:
         metas = list((run / "candidates").glob("*.json"))
-        if kind == "evaluated":
-            metas = [m for m in metas if _status(m) == "evaluated"]
+        if kind == "judged":
+            metas = [m for m in metas if _meta(m).get("status") in JUDGED]
+        elif kind == "screened":
+            metas = [m for m in metas if _meta(m).get("cascade")]
         if len(metas) >= n:
             return True
         time.sleep(0.02)
     return False
 
 
-def _status(meta: Path) -> str | None:
+def _meta(meta: Path) -> dict[str, object]:
     try:
-        return json.loads(meta.read_bytes()).get("status")
+        found = json.loads(meta.read_bytes())
     except (OSError, ValueError):  # replaced between the listing and the read
-        return None
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 @pytest.mark.parametrize("seed", ["prism", "ariadne"])

@@ -57,7 +57,7 @@ def run(data_dir: Path, stages: Path, root: Path, run_id: str, **over: Any) -> E
     (a cache shared with other offline tests), the LLM request cache stays in ``root``."""
     base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
             "cache_dir": str(stages), "jobs": 1, "embedder": "hashing",
-            "conversations": 1, "coder_model": {"model": "scripted"},
+            "conversations": 1, "coder_model": {"model": "scripted"}, "children": 1,
             "rounds": {"cold_start": 1, "refinement": 2, "integration": 1}}  # fmt: skip
     config = RunConfig(**{**base, **over})
     store = RunStore.create(root, {"config": config.as_json()}, run_id=run_id)

@@ -60,14 +60,16 @@ def view(store: RunStore, meta: CandidateMeta) -> CandidateView:
 
 
 def request(store: RunStore, round_no: int, *, skip: frozenset[str] = frozenset(),
-            target: str | None = None, child: int = 0) -> Request:  # fmt: skip
+            target: str | None = None, child: int = 0,
+            siblings: frozenset[str] = frozenset()) -> Request:  # fmt: skip
     """The loop's request: the parent is the best evaluated candidate on train, and ``known``
-    leaves out the ids in ``skip`` (a replayed round's own child)."""
+    leaves out the ids in ``skip`` (a replayed round's own children) but holds ``siblings``."""
     held = [c for c in store.candidates() if c.status != "proposed" and c.id not in skip]
     best = max((c for c in held if c.status == "evaluated"),
                key=lambda c: c.scores["train"]["overall"]["fitness"])  # fmt: skip
-    return Request("refinement", round_no, view(store, best), target,
-                   known=frozenset(c.source_sha256 for c in held), child=child)  # fmt: skip
+    return Request("refinement", round_no, view(store, best), target, child=child,
+                   known=frozenset(c.source_sha256 for c in held) | siblings,
+                   siblings=siblings)  # fmt: skip
 
 
 def new_run(root: Path, name: str) -> RunStore:
@@ -129,6 +131,24 @@ def test_a_replayed_round_proposes_the_same_child(tmp_path: Path) -> None:
     store.update(killed.id, status="evaluated", scores=scores(5.0))
     skip = frozenset({killed.id})
     assert TPEProposer(2, store.root).propose(request(store, round_no, skip=skip)) == asked
+
+
+def test_a_replayed_round_proposes_the_same_second_child(tmp_path: Path) -> None:
+    """K children per round: child 1 is asked while child 0 is only proposed (its sha known as
+    a sibling); replayed after both were judged, child 0's score stays out of the study."""
+    store = new_run(tmp_path, "r")
+    evolve(store, TPEProposer(2, store.root), range(STARTUP + 2))
+    round_no = STARTUP + 2
+    first = TPEProposer(2, store.root).propose(request(store, round_no))
+    assert first.source is not None
+    sibling = file(store, first.source, [first.parents[0]], None)
+    siblings = frozenset({sibling.source_sha256})
+    second = TPEProposer(2, store.root).propose(request(store, round_no, child=1,
+                                                        siblings=siblings))  # fmt: skip
+    assert second.source not in (None, first.source)
+    store.update(sibling.id, status="evaluated", scores=scores(5.0))
+    replay = request(store, round_no, child=1, skip=frozenset({sibling.id}), siblings=siblings)
+    assert TPEProposer(2, store.root).propose(replay) == second
 
 
 def test_only_train_scores_and_the_target_steer_it(tmp_path: Path) -> None:

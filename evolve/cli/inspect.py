@@ -234,6 +234,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     out.print(table)
     counts = ", ".join(f"{n} {s}" for s, n in status["by_status"].items() if n)
     out.print(f"candidates: {status['candidates']} ({counts or 'none'})")
+    if status["by_status"].get("stopped"):
+        out.print(f"cascade: about {status['cascade_saved_seconds']:.0f} s of evaluation saved")
     _print_spend(status["spend"])
     frozen = status["frozen"]
     out.print(

@@ -35,7 +35,7 @@ from evolve.cli.common import (
     read_program,
     task_config,
 )
-from evolve.config import SPLITS, RunConfig, stored_config
+from evolve.config import CHILDREN, MINIBATCH, SPLITS, RunConfig, stored_config
 from evolve.datasets.benches import run_split
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import estimate, read_spend
@@ -101,6 +101,24 @@ def add_command(sub: Any) -> None:
         action="store_true",
         help="recompute every stage and task-model reply in every evaluation (the baseline "
         "stage reuse is measured against; bench/run_reuse.py)",
+    )
+    run.add_argument(
+        "--children",
+        type=positive_int,
+        default=CHILDREN,
+        help=f"children proposed per round, evaluated concurrently (default {CHILDREN})",
+    )
+    run.add_argument(
+        "--minibatch",
+        type=positive_int,
+        default=MINIBATCH,
+        help="train conversations (where the parent fails most) a child is screened on before "
+        f"full train + valid (default {MINIBATCH})",
+    )
+    run.add_argument(
+        "--no-cascade",
+        action="store_true",
+        help="evaluate every child on full train + valid (no minibatch screen)",
     )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     ablations = run.add_argument_group("ablations (docs/design.md §4)")
@@ -175,7 +193,8 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         judge_variant=args.judge_variant,
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         offline_search=args.offline_search,
-        reuse=not args.no_reuse, **caps,
+        reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
+        minibatch=args.minibatch, **caps,
     )  # fmt: skip
 
 
@@ -268,11 +287,24 @@ def cmd_run(args: argparse.Namespace) -> int:
                      if spend.unpriced_calls else ""))  # fmt: skip
     n = len(store.candidates())
     out.print(f"run {store.run_id}: {n} candidate{'s' * (n != 1)} in {store.root}")
+    _say_cascade(store)
     if evolution.stopped:
         resume = f"evolve run --resume {store.run_id}"
         err.print(f"[yellow]stopped early: {escape(evolution.stopped)}[/] — continue with "
                   f"{resume} and a higher cap", highlight=False)  # fmt: skip
     return 0
+
+
+def _say_cascade(store: RunStore) -> None:
+    """How many children the cascade stopped, and the evaluation seconds that saved."""
+    from evolve.evolution.cascade import saved_seconds
+
+    candidates = store.candidates()
+    stopped = sum(1 for c in candidates if c.status == "stopped")
+    if stopped:
+        saved = saved_seconds(candidates)
+        out.print(f"cascade: {stopped} child{'ren' * (stopped != 1)} stopped on the train "
+                  f"minibatch, about {saved:.0f} s of evaluation saved")  # fmt: skip
 
 
 def _say_splits(config: RunConfig) -> None:
@@ -301,7 +333,8 @@ def _dry_run(config: RunConfig) -> int:
 
     work = workload(config)
     rows = estimate(work, config.task_model, config.coder_model, config.judge_model)
-    out.print(f"dry run on {config.bench}: {work.rounds} rounds, up to {work.evaluations} "
+    out.print(f"dry run on {config.bench}: {work.rounds} rounds of {config.children} "
+              f"child{'ren' * (config.children != 1)}, up to {work.evaluations} "
               f"evaluations of {work.questions} train+valid questions; {work.extract_windows} "
               f"extraction windows ({work.extract_chars:,} characters) per evaluation")  # fmt: skip
     if not rows:

@@ -135,13 +135,14 @@ class Workload:
     """The model work of one run, counted from its data before it starts."""
 
     rounds: int
-    evaluations: int  # the seed and one child per round
+    evaluations: int  # the seed and every child of every round (the cascade may stop some)
     extract_windows: int  # extraction calls for one full evaluation (train and valid)
     extract_chars: int  # the history text those calls read
     questions: int  # train and valid questions (one plan and one answer call each)
     coder_prompt_chars: int  # the coder's first prompt for the seed
     repairs: int  # repair attempts allowed per round
     judge_calls: int = 0  # judge calls to score one evaluation's answers (BEAM: per rubric item)
+    children: int = 1  # children (proposals) per round
 
 
 def _usd(model: str, prompt: int, completion: int) -> float | None:
@@ -166,9 +167,9 @@ def estimate(
     judge: ModelConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Rows ``{"role", "what", "calls", "prompt_tokens", "completion_tokens", "usd"}``: upper
-    bounds (every evaluation recomputes every stage; every round uses all its repairs) and,
-    for the coder, the expected case of one call per round. ``usd`` is None for a model
-    litellm has no price for. Tokens are characters / 4."""
+    bounds (every evaluation recomputes every stage, no child is stopped by the cascade; every
+    child uses all its repairs) and, for the coder, the expected case of one call per child.
+    ``usd`` is None for a model litellm has no price for. Tokens are characters / 4."""
     rows: list[dict[str, Any]] = []
 
     def row(role: str, model: ModelConfig, what: str, calls: int, prompt: int, out: int) -> None:
@@ -192,11 +193,11 @@ def estimate(
                 calls * JUDGE_COMPLETION)  # fmt: skip
     if coder is not None:
         prompt = work.coder_prompt_chars // CHARS_PER_TOKEN
-        out = coder.max_tokens
-        row("coder", coder, "proposals, one per round", work.rounds, work.rounds * prompt,
-            work.rounds * out // 4)  # fmt: skip
-        most = work.rounds * (1 + work.repairs)
+        out, children = coder.max_tokens, work.rounds * work.children
+        row("coder", coder, "proposals, one per child", children, children * prompt,
+            children * out // 4)  # fmt: skip
+        most = children * (1 + work.repairs)
         # a repair resends the conversation so far: on average about twice the first prompt
         row("coder", coder, "proposals with every repair", most,
-            work.rounds * prompt * (1 + 2 * work.repairs), most * out)  # fmt: skip
+            children * prompt * (1 + 2 * work.repairs), most * out)  # fmt: skip
     return rows

@@ -21,7 +21,7 @@ from evolve.datasets.types import CAPABILITIES
 from evolve.models import why
 
 ORIGINS = ("seed", *STAGES)  # what a candidate's ``stage`` names: the seed, or its evolution stage
-STATUSES = ("proposed", "rejected", "evaluated", "failed")
+STATUSES = ("proposed", "rejected", "evaluated", "failed", "stopped")  # stopped: by the cascade
 _ALLOWED = {"stage": ORIGINS, "status": STATUSES, "capability": (*CAPABILITIES, None)}
 
 
@@ -49,6 +49,7 @@ class CandidateMeta(BaseModel):
     created: float  # unix time
     frozen: bool = False
     attempts: list[str] = []  # why each earlier attempt of its round failed (repair feedback)
+    cascade: dict[str, Any] | None = None  # its minibatch screen (evolve.evolution.cascade)
 
     @field_validator("stage", "status", "capability")
     @classmethod

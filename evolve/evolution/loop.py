@@ -1,13 +1,20 @@
 """The evolution loop: cold start, refinement, trace-guided integration (docs/design.md §4).
 
-One round = ask the proposer for a child (:class:`~evolve.evolution.proposer.Proposer`: the LLM
-coder when a coder model is configured, else the offline proposer), check it in the sandbox
-(up to ``RunConfig.repairs`` repair attempts fed by the error), evaluate
-it on train and valid with stage reuse, and file it in the run store. Selection never reads
-the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``) that
-:func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so their
-questions carry that bench's native capabilities.
+One round = ask the proposer for ``RunConfig.children`` children (K; :class:`~evolve.evolution.
+proposer.Proposer`: the LLM coder when a coder model is configured, else the offline proposer),
+one after another, each checked in the sandbox (up to ``RunConfig.repairs`` repair attempts fed
+by the error) and filed; then judge them together (:mod:`evolve.evolution.evaluator`: evaluated
+concurrently on the backend, each screened on the round's train minibatch first when
+``RunConfig.cascade`` is on, the rest on train and valid with stage reuse). Selection never
+reads the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``)
+that :func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so
+their questions carry that bench's native capabilities.
 
+- **K children**: child ``i`` of a round gets ``Request.child == i``, so its proposal is
+  deterministic in (run seed, round, child index); the earlier children's sources count as
+  known, so siblings differ. Refinement spreads the K children over capabilities
+  (:func:`~evolve.evolution.stages.refinement_targets`: the weakest gets most), integration over
+  the specialists (child i pairs with rotation r·K + i), cold start makes K revisions.
 - **Fitness** of a score block (overall, one capability, one question) is the mean of evidence
   similarity and evidence hit rate, the offline retrieval signal.
 - **Best overall** and the **specialist** per capability come from
@@ -18,23 +25,26 @@ questions carry that bench's native capabilities.
   program's weakest capability on train; **integration** merges the best program with the
   specialists (the offline proposer crosses constants over; the coder merges code).
 - A child that fails the sandbox after its repairs is filed as ``rejected`` with the sandbox
-  report; a round whose proposals never produced a program files nothing and logs
-  ``proposal_failed``. Each candidate records the errors of its round's earlier attempts and
-  what its proposal and evaluation spent.
+  report, one the cascade stops as ``stopped``; a child whose proposals never produced a
+  program files nothing and logs ``proposal_failed``. Each candidate records the errors of its
+  earlier attempts and what its proposal and evaluations spent (and took: ``seconds``).
 
 Budget: before each round :meth:`~evolve.evolution.budget.Budget.stop_reason` is asked; when a
 cap would be passed the run stops cleanly (:attr:`Evolution.stopped`) and resumes later with a
 higher cap. Spend lives in the run's call log, so it is never reset.
 
 Resume invariants: the state (``state.json``) holds the round counters and what each round
-spent, and is saved after each finished round. Proposals are deterministic in the request
-(offline: seeded; coder: its replies come from the request cache on a replay), and the store
-returns the existing candidate for a source it already holds, so a round interrupted
-anywhere — even by SIGKILL, even after its child was evaluated — is replayed to the same
-candidate (the replayed request leaves out the round's own child, found by its ``proposed``
-event), and an evaluated candidate is never evaluated again. Each evaluation logs an
-``evaluating`` event when it starts and an ``evaluated`` event when it is filed, so a run's
-event log shows what was evaluated how often.
+spent, and is saved after each finished round (all its K children judged). Proposals are
+deterministic in the request (offline: seeded; coder: its replies come from the request cache on
+a replay), and the store returns the existing candidate for a source it already holds, so a
+round interrupted anywhere — even by SIGKILL, before, during or after its cascade, even after
+all its children were evaluated — is replayed to the same children: each replayed request
+leaves out the round's own children (found by their ``proposed`` events) and sees the same
+earlier siblings. A child already judged (``evaluated``, ``stopped``, ``rejected``,
+``failed``) is never evaluated again, and a promoted child (its screen recorded) is not
+screened again. Each evaluation logs ``evaluating`` (with its ``phase``) when it starts and
+``screened`` or ``evaluated`` when it is filed, so a run's event log shows what was evaluated
+how often.
 """
 
 from __future__ import annotations
@@ -49,17 +59,18 @@ from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend, make_backend
 from evolve.evolution.annotate import Labels, annotate
-from evolve.evolution.archive import archive, fitness, question_fitness
+from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
+from evolve.evolution.evaluator import Evaluator
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
-from evolve.evolution.stages import common_ancestor, history, partners, refinement_target
+from evolve.evolution.stages import common_ancestor, history, partners, refinement_targets
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.tpe import offline_proposer
-from evolve.executor import EvalError, evaluate
+from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
 from evolve.prompts import extraction_windows
@@ -125,8 +136,9 @@ def workload(config: RunConfig) -> Workload:
     seed = CandidateView("seed", Path(config.seed_program).read_text(), {})
     prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
     rounds = sum(config.rounds.values())
-    return Workload(rounds, rounds + 1, windows, chars, questions,
-                    len(prompt) + 4 * CASE_CHARS, config.repairs, judged)  # fmt: skip
+    return Workload(rounds, rounds * config.children + 1, windows, chars, questions,
+                    len(prompt) + 4 * CASE_CHARS, config.repairs, judged,
+                    config.children)  # fmt: skip
 
 
 Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds in total)
@@ -171,6 +183,8 @@ class Evolution:
         self.judge = judge or role_client("judge", config.judge_model, log_path=log,
                                           cache_path=cache if config.reuse else None)  # fmt: skip
         self.worker = worker_config(config, store.root, "evolve", script=task_script)
+        self.evaluator = Evaluator(store, config, self.worker, self.judge, lambda: self.backend,
+                                   self.tasks, self.compare_routing)  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
         self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
         self._labels: dict[str, Labels] | None = None
@@ -204,7 +218,7 @@ class Evolution:
             capability=None,
             message=f"seed {Path(self.config.seed_program).name}",
         )
-        self.evaluate(seed, None)
+        self.evaluator.judge_all([(seed, None)], None)
         if self.store.get(seed.id).status != "evaluated":
             raise EvalError(f"the seed program failed: {self.store.get(seed.id).message}")
         state = self.store.load_state()
@@ -248,31 +262,35 @@ class Evolution:
             self.store.log_event("annotated", tasks=len(self._labels), sources=sources)
         return self._labels
 
-    def request(self, stage: str, round_no: int, stage_round: int = 0) -> Request:
-        """What the proposer sees this round (train only; never valid cases, never test);
-        failing and differential cases only for a proposer that reads them.
+    def request(
+        self, stage: str, round_no: int, stage_round: int = 0, child: int = 0,
+        siblings: frozenset[str] = frozenset(),
+    ) -> Request:  # fmt: skip
+        """What the proposer sees for child ``child`` of this round (train only; never valid
+        cases, never test); failing and differential cases only for a proposer that reads them.
+        ``siblings``: the sha256 of this round's earlier children, counted as known.
 
         A candidate still "proposed", or first proposed by this very round (its ``proposed``
         event), is this round's own child from before an interruption — the round is saved
-        only after its child is judged. The request is built without it, exactly as the
-        uninterrupted round saw the run, and it does not count as known, so the replay
-        proposes it again (and evaluates it only if it was not judged yet)."""
+        only after its children are judged. The request is built without them, exactly as the
+        uninterrupted round saw the run, and they do not count as known, so the replay
+        proposes them again (and evaluates each only if it was not judged yet)."""
         own = self._children_of(round_no)
         candidates = [c for c in self.store.candidates()
                       if c.status != "proposed" and c.id not in own]  # fmt: skip
         kept = archive(candidates)
         parent = kept.best
         assert parent is not None
-        holistic = self.config.holistic
+        holistic, k = self.config.holistic, self.config.children
         labels = self.labels()
         target = None
         if stage == "refinement" and not holistic:
-            target = refinement_target(parent, candidates, labels, self.config.selection,
-                                       stage_round)  # fmt: skip
+            target = refinement_targets(parent, candidates, labels, self.config.selection,
+                                        stage_round, k)[child]  # fmt: skip
         train = self.tasks("train")
         traces = self.store.traces(parent.id, "train")
         others = [] if holistic or stage != "integration" else partners(
-            parent, kept.specialists, round_no)  # fmt: skip
+            parent, kept.specialists, round_no * k + child)  # fmt: skip
         ancestor: CandidateView | None = None
         differential: tuple[dict[str, Any], ...] = ()
         cases: tuple[dict[str, Any], ...] = ()
@@ -296,7 +314,9 @@ class Evolution:
             ancestor=ancestor,
             differential=differential,
             diagnostics=parent.scores["train"].get("diagnostics"),
-            known=frozenset(c.source_sha256 for c in candidates),
+            known=frozenset(c.source_sha256 for c in candidates) | siblings,
+            child=child,
+            siblings=siblings,
         )
 
     def _children_of(self, round_no: int) -> set[str]:
@@ -345,15 +365,35 @@ class Evolution:
         return CandidateView(meta.id, self.store.source(meta.id), train, meta.message)
 
     def round(self, stage: str, round_no: int, stage_round: int = 0) -> None:
-        request = self.request(stage, round_no, stage_round)
+        """Propose ``config.children`` children one after another, then judge them together
+        (:class:`~evolve.evolution.evaluator.Evaluator`: concurrently, through the cascade)."""
+        children: dict[str, tuple[CandidateMeta, CheckReport | None]] = {}
+        siblings: frozenset[str] = frozenset()
+        parent: CandidateMeta | None = None
+        for i in range(self.config.children):
+            request = self.request(stage, round_no, stage_round, i, siblings)
+            parent = self.store.get(request.parent.id)
+            filed = self.propose(request)
+            if filed is None:
+                continue
+            siblings |= {filed[0].source_sha256}
+            if filed[0].status == "proposed":
+                children.setdefault(filed[0].id, filed)
+        self.evaluator.judge_all(list(children.values()), parent)
+
+    def propose(self, request: Request) -> tuple[CandidateMeta, CheckReport | None] | None:
+        """One child of the round, filed (None when no program came out), with its sandbox
+        report."""
+        stage, round_no = request.stage, request.round_no
         proposal, report, failures = self.attempt(request)
         spent = Tally()
         for record in self.coder.drain_records() if self.coder else []:
             spent.add(dataclasses.asdict(record))
         if proposal.source is None:
             self.store.log_event("proposal_failed", stage=stage, round=round_no,
-                                 errors=failures, usage=spent.as_json())  # fmt: skip
-            return
+                                 child=request.child, errors=failures,
+                                 usage=spent.as_json())  # fmt: skip
+            return None
         child = self.store.add_candidate(
             proposal.source,
             parents=list(proposal.parents),
@@ -362,13 +402,14 @@ class Evolution:
             message=proposal.message,
         )
         self.store.log_event("proposed", candidate=child.id, stage=stage, round=round_no,
+                             child=request.child,
                              cases=[case["id"] for case in request.cases])  # fmt: skip
-        if child.status != "proposed":
-            return  # the run holds this program already, judged
-        passed = report is not None and report.passed
-        earlier = failures if passed else failures[:-1]
-        self.store.update(child.id, attempts=earlier, usage={"proposal": spent.as_json()})
-        self.evaluate(self.store.get(child.id), report)
+        if child.status == "proposed" and child.cascade is None:
+            passed = report is not None and report.passed
+            earlier = failures if passed else failures[:-1]
+            child = self.store.update(child.id, attempts=earlier,
+                                      usage={"proposal": spent.as_json()})  # fmt: skip
+        return child, report
 
     def attempt(self, request: Request) -> tuple[Proposal, CheckReport | None, list[str]]:
         """The proposal, then up to ``config.repairs`` repairs; returns the last proposal, its
@@ -393,77 +434,11 @@ class Evolution:
             proposal = repaired
         raise AssertionError("unreachable")
 
-    def evaluate(self, candidate: CandidateMeta, report: CheckReport | None) -> None:
-        """Sandbox (unless ``report`` is given), then train and valid; a candidate already
-        judged is left as it is."""
-        if candidate.status in ("evaluated", "rejected", "failed"):
-            return
-        if report is None:
-            report = check_program(self.store.source(candidate.id), candidate.id)
-        if report.program is None:
-            self._give_up(candidate, report, "rejected", report.repair_text())
-            return
-        self.store.log_event("evaluating", candidate=candidate.id)
-        path = str(self.store.source_path(candidate.id))
-        program = dataclasses.replace(report.program, path=path)  # checked before it had a file
-        scores: dict[str, dict[str, Any]] = {}
-        usage = dict(candidate.usage)
-        seconds = 0.0
-        try:
-            for split in SPLITS:
-                # stage diagnostics steer cold start: computed for the seed and its revisions
-                diagnose = split == "train" and candidate.stage in ("seed", "cold_start")
-                worker = dataclasses.replace(self.worker, diagnose=diagnose)
-                result = evaluate(program, self.tasks(split), worker, judge=self.judge,
-                                  backend=self.backend,
-                                  judge_variant=self.config.judge_variant)  # fmt: skip
-                scores[split] = {
-                    "fitness": result.meta["fitness"],  # the mode: name and version
-                    "overall": result.scores["overall"],
-                    "by_capability": result.scores["by_capability"],
-                    "headline": result.scores.get("headline"),
-                    "errors": result.meta["errors"],
-                    "questions": question_fitness(result.traces),
-                    "question_capabilities": {t.id: t.capability for t in result.traces},
-                    "diagnostics": result.scores.get("diagnostics"),
-                    "stages": result.stages,  # computed / reused per cached stage
-                }
-                usage[split] = result.usage
-                seconds += result.meta["seconds"]
-                if split == "train":
-                    self.store.write_traces(candidate.id, split, result.traces)
-        except EvalError as exc:
-            self._give_up(candidate, report, "failed", str(exc))
-            return
-        self.store.update(
-            candidate.id,
-            status="evaluated",
-            sandbox=report.as_json(),
-            scores=scores,
-            usage=usage,
-            seconds=seconds,
-        )
-        self.store.log_event(
-            "evaluated", candidate=candidate.id, valid=fitness(scores["valid"]["overall"])
-        )
-        if candidate.stage == "integration":
-            self.compare_routing(candidate.id)
-
-    def _give_up(
-        self, candidate: CandidateMeta, report: CheckReport, status: str, why: str
-    ) -> None:
-        """File a candidate that will not be evaluated (``rejected`` by the sandbox, or
-        ``failed`` in evaluation), with its sandbox report and the reason in its message."""
-        self.store.update(
-            candidate.id,
-            status=status,
-            sandbox=report.as_json(),
-            message=f"{candidate.message} [{status}: {why}]",
-        )
-
     def compare_routing(self, candidate_id: str) -> None:
-        """Record the integrated program beside the two routing baselines (valid)."""
+        """Record an integrated program beside the two routing baselines (valid)."""
         meta = self.store.get(candidate_id)
+        if meta.stage != "integration":
+            return
         kept = archive([c for c in self.store.candidates() if c.id != candidate_id])
         result = compare(meta, kept, self.tasks("valid"), self.annotator)
         valid = {**meta.scores["valid"], "routing": result}

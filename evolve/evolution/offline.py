@@ -25,9 +25,9 @@ when its range spans at most :data:`SMALL_INT_SPAN`); a float moves by a gaussia
 its range, rounded to 3 significant digits; each result is clamped and differs from the old.
 
 Invariants:
-- Deterministic: a proposal depends only on (seed, source, target, round_no), a crossover on
-  (seed, a, b, round_no); randomness is ``random.Random`` seeded by a string, so it is the same
-  in every process.
+- Deterministic: a proposal depends only on (seed, source, target, round_no, child), a crossover
+  on (seed, a, b, round_no, child) (``child``: the request's child index; 0 seeds as before);
+  randomness is ``random.Random`` seeded by a string, so it is the same in every process.
 - A patch replaces exactly the literals' text; comments and layout are untouched. Every result
   parses, differs from its parent (a mutated value stays within its range and type; a crossed
   value is the other parent's) and changes at least one component fingerprint
@@ -141,7 +141,8 @@ class OfflineProposer:
         others = request.specialists if request.stage == "integration" else ()
         for other in others:  # this round's partner first
             try:
-                child = self.crossover(parent.source, other.source, request.round_no)
+                child = self.crossover(parent.source, other.source, request.round_no,
+                                       request.child)  # fmt: skip
             except ValueError:
                 continue
             if new(child):
@@ -149,7 +150,7 @@ class OfflineProposer:
         try:
             for attempt in range(ATTEMPTS):
                 round_no = request.round_no + 1000 * attempt
-                child = self.mutate(parent.source, request.target, round_no)
+                child = self.mutate(parent.source, request.target, round_no, request.child)
                 if new(child):
                     break
         except ValueError as exc:
@@ -159,13 +160,13 @@ class OfflineProposer:
     def repair(self, request: Request, failed: Proposal, error: str) -> Proposal | None:
         return None
 
-    def mutate(self, source: str, target: str | None, round_no: int) -> Proposal:
+    def mutate(self, source: str, target: str | None, round_no: int, child: int = 0) -> Proposal:
         """Move one or two tunables of ``source``, preferring moves that help ``target``."""
         if target is not None and target not in CAPABILITIES:
             raise ValueError(f"unknown capability {target!r}; expected one of {CAPABILITIES}")
         live = live_names(source)
         found = [t for t in tunables(source) if t.name in live]
-        rng = random.Random(f"{self.seed}:{round_no}:{target}")
+        rng = random.Random(f"{self.seed}:{round_no}:{target}" + _child_key(child))
         edits: dict[Tunable, Value] = {}
         for _ in range(rng.choice((1, 2))):
             options = [t for t in found if t not in edits]
@@ -186,7 +187,7 @@ class OfflineProposer:
         message = f"offline: {describe(changes)}{suffix}"
         return Proposal(patch(source, edits), message, (), changes=changes)
 
-    def crossover(self, a: str, b: str, round_no: int) -> Proposal:
+    def crossover(self, a: str, b: str, round_no: int, child: int = 0) -> Proposal:
         """``a`` with some of its differing tunables set to ``b``'s values (``a``'s code kept).
 
         Each differing constant comes from either parent; at least one comes from ``b`` and,
@@ -202,7 +203,7 @@ class OfflineProposer:
         ]
         if not differing:
             raise ValueError("the programs share no differing tunable constant")
-        rng = random.Random(f"{self.seed}:{round_no}:crossover")
+        rng = random.Random(f"{self.seed}:{round_no}:crossover" + _child_key(child))
         from_b = [t for t in differing if rng.random() < 0.5] or [rng.choice(differing)]
         if len(from_b) == len(differing) > 1:
             from_b.remove(rng.choice(from_b))
@@ -210,6 +211,12 @@ class OfflineProposer:
         changes = {t.name: (t.value, new) for t, new in edits.items()}
         message = f"offline crossover: from b {describe(changes)}"
         return Proposal(patch(a, edits), message, (), changes=changes)
+
+
+def _child_key(child: int) -> str:
+    """What a child index adds to a seed string (nothing for child 0: one child per round
+    proposes what it always did)."""
+    return f":child{child}" if child else ""
 
 
 def _pick(

@@ -12,7 +12,8 @@ Invariants:
   for integration the specialists' sources. The loop sandbox-checks what it returns.
 - Given the same request, a proposer returns the same proposal (the offline proposer is seeded;
   the coder's replies come from the request cache on a replay), which is what makes an
-  interrupted round replay to the same candidate.
+  interrupted round replay to the same candidate. A round's K children differ by
+  ``Request.child``, so each is deterministic in (run seed, round, child index).
 - The loop calls :meth:`Proposer.repair` at most ``RunConfig.repairs`` (default
   :data:`evolve.config.REPAIRS`) times per round, each time with the error of the previous
   attempt (the sandbox's repair text, or why a patch did not apply).
@@ -49,8 +50,10 @@ class Request:
     ancestor: CandidateView | None = None  # integration: latest common ancestor of the two
     differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
     diagnostics: dict[str, Any] | None = None  # the parent's stage diagnostics on train
-    known: frozenset[str] = frozenset()  # sha256 of every source the run already holds
-    child: int = 0  # index of the child within its round (K children per round)
+    known: frozenset[str] = frozenset()  # sha256 of every source the run already holds, and
+    # of this round's earlier children
+    child: int = 0  # the index of this child within its round (0 .. RunConfig.children - 1)
+    siblings: frozenset[str] = frozenset()  # sha256 of this round's earlier children (in known)
 
 
 @dataclass(frozen=True)

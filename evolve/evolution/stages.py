@@ -1,19 +1,21 @@
 """What each stage looks at before it asks for a child (docs/design.md §4): targets, history,
 partners.
 
-Owns :func:`refinement_target`, :func:`history`, :func:`partners` and :func:`common_ancestor`.
+Owns :func:`refinement_targets`, :func:`history`, :func:`partners` and :func:`common_ancestor`.
 All are pure functions of the store's candidates and the task labels, so a replayed round sees
 exactly what the interrupted one saw.
 
 - **Cold start** has no target; the proposer sees the parent's worst train cases overall.
 - **Refinement** targets one capability (:mod:`evolve.evolution.selection`: dependency-aware by
-  default, round-robin as an ablation); a capability whose last refinement did not raise its own
-  train fitness is *stalled* and waits one round. Its history is every earlier revision that
+  default, round-robin as an ablation); a round's K children are spread over the ranking, the
+  weakest getting most. A capability that the last refinement round worked on (its K latest
+  refinement candidates) without any child raising its own train fitness is *stalled* and waits
+  one round. Its history is every earlier revision that
   targeted the capability, and the run's latest revisions: what changed and what it did to each
   capability (train fitness deltas against its parent; the proposer never sees valid numbers).
-- **Integration** merges the best program with one specialist per round, rotating through the
-  specialists (in capability order); the proposer also gets their latest common ancestor, so a
-  coder can read each side's change against it.
+- **Integration** merges the best program with one specialist per child, rotating through the
+  specialists (in capability order; child i of round r takes rotation r·K + i); the proposer
+  also gets their latest common ancestor, so a coder can read each side's change against it.
 - **Holistic** runs (an ablation) have no capabilities: no targets, no specialists.
 """
 
@@ -23,7 +25,7 @@ from typing import Any
 
 from evolve.evolution.annotate import Labels
 from evolve.evolution.archive import fitness
-from evolve.evolution.selection import capability_fitness, dependency_aware, round_robin
+from evolve.evolution.selection import capability_fitness, ranking, round_robin, spread
 from evolve.evolution.store import CandidateMeta
 
 HISTORY = 8  # revisions shown to the proposer
@@ -38,32 +40,42 @@ def _train_by_capability(c: CandidateMeta, labels: dict[str, Labels]) -> dict[st
     return {cap: fitness(b) for cap, b in blocks.items()}
 
 
-def refinement_target(
+def refinement_targets(
     parent: CandidateMeta,
     candidates: list[CandidateMeta],
     labels: dict[str, Labels],
     selection: str,
     refinements_done: int,
-) -> str:
-    """The capability this refinement round works on."""
+    k: int = 1,
+) -> list[str]:
+    """The capability each of this refinement round's ``k`` children works on
+    (:func:`~evolve.evolution.selection.spread` over the ranking; round-robin: the next ``k``)."""
     if selection == "round-robin":
-        return round_robin(refinements_done)
-    stalled = None
-    by_id = {c.id: c for c in candidates}
-    last = next((c for c in reversed(candidates) if c.stage == "refinement"), None)
-    if last is not None and last.capability is not None:
-        before = by_id.get(last.parents[0]) if last.parents else None
-        if last.status != "evaluated" or before is None:
-            stalled = last.capability
-        else:
-            old = _train_by_capability(before, labels).get(last.capability, 0.0)
-            new = _train_by_capability(last, labels).get(last.capability, 0.0)
-            stalled = last.capability if new <= old else None
+        return [round_robin(refinements_done * k + i) for i in range(k)]
+    stalled = _stalled(candidates, labels, k)
     per_question = parent.scores["train"].get("questions")
     if not per_question:  # evaluated before per-question scores were kept
         by_cap = _train_by_capability(parent, labels)
-        return min(by_cap, key=lambda cap: (cap == stalled, by_cap[cap], cap))
-    return dependency_aware(per_question, labels, stalled)
+        ranked = sorted(by_cap, key=lambda cap: (cap in stalled, by_cap[cap], cap))
+        return spread(ranked, k)
+    return spread(ranking(per_question, labels, stalled), k)
+
+
+def _stalled(candidates: list[CandidateMeta], labels: dict[str, Labels], k: int) -> set[str]:
+    """Capabilities the last refinement round (its ``k`` latest refinement candidates) worked
+    on without raising them: no child of that capability was evaluated with a gain for it."""
+    by_id = {c.id: c for c in candidates}
+    last = [c for c in candidates if c.stage == "refinement" and c.capability is not None][-k:]
+    tried, gained = set(), set()
+    for c in last:
+        assert c.capability is not None
+        tried.add(c.capability)
+        before = by_id.get(c.parents[0]) if c.parents else None
+        if c.status == "evaluated" and before is not None:
+            old = _train_by_capability(before, labels).get(c.capability, 0.0)
+            if _train_by_capability(c, labels).get(c.capability, 0.0) > old:
+                gained.add(c.capability)
+    return tried - gained
 
 
 def history(

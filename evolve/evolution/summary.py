@@ -23,6 +23,7 @@ from evolve.config import STAGES
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive, fitness
 from evolve.evolution.budget import read_spend
+from evolve.evolution.cascade import saved_seconds
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
 from evolve.models import damaged, why
 from evolve.scoring import fmt_score
@@ -139,6 +140,7 @@ def status(store: RunStore) -> dict[str, Any]:
         },
         "candidates": len(candidates),
         "by_status": {s: counts[s] for s in STATUSES},
+        "cascade_saved_seconds": saved_seconds(candidates),
         "spend": read_spend(store.root).as_json(),
         "frozen": [{"id": c.id, "test": scores(c.scores.get("test", {}).get("overall"))}
                    for c in candidates if c.frozen],

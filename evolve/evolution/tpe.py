@@ -6,8 +6,9 @@ Owns :class:`TPEProposer` (``--offline-search optuna``, the default) and
 
 The study. One optuna study per run, **derived from the run folder** every time a child is
 asked for, never kept beside it (as the archive is derived from the store): its trials are the
-run's evaluated candidates whose source the request counts as known (``Request.known``), in
-creation order; a trial's params are the candidate's tunable values
+run's evaluated candidates whose source the request counts as known (``Request.known``) but
+this round's earlier children (``Request.siblings``: judged together with this one, after it
+is proposed), in creation order; a trial's params are the candidate's tunable values
 (:func:`~evolve.evolution.offline.tunables`), its value the round's objective read from the
 candidate's **train** scores only — the capability's fitness in refinement
 (``Request.target``), the overall fitness otherwise (:func:`evolve.evolution.archive.fitness`).
@@ -23,9 +24,10 @@ tunables stay the parent's.
 
 Invariants:
 - Exact replay and resume: a proposal depends only on (seed, request, the run folder's
-  candidates the request knows). A replayed round's request leaves out its own child (the
-  loop's rule), so a round asked, killed and asked again — or asked by a fresh proposer after
-  ``--resume`` — proposes the same child; nothing is written, so nothing half-written exists.
+  candidates the request knows). A replayed round's request leaves out its own children (the
+  loop's rule) and the study its siblings even when they were judged before a kill, so a round
+  asked, killed and asked again — or asked by a fresh proposer after ``--resume`` — proposes
+  the same children; nothing is written, so nothing half-written exists.
 - Every child is new (its sha256 not in ``request.known``) and changes at least one component
   fingerprint (only live tunables move); after :data:`ATTEMPTS` samples that give no new child
   the round falls back to the random mutation of :class:`OfflineProposer`.
@@ -129,7 +131,8 @@ class TPEProposer(OfflineProposer):
         store = RunStore(self.run_dir)
         out = []
         for meta in store.candidates():
-            if meta.status != "evaluated" or meta.source_sha256 not in request.known:
+            sha = meta.source_sha256
+            if meta.status != "evaluated" or sha not in request.known or sha in request.siblings:
                 continue
             values = {t.name: t.value for t in tunables(store.source(meta.id))}
             params = {n: values[n] for n in space if n in values}

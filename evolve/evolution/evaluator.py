@@ -1,0 +1,200 @@
+"""Evaluating candidates of a run: sandbox, score on the splits, file (docs/design.md §4).
+
+Owns :class:`Evaluator`. The children of a round are handed over together and evaluated
+together: one thread per child calls :func:`evolve.executor.evaluate` on the run's one backend,
+so the conversation jobs of all of them are queued on the loky pool (or Ray) at once, never one
+program after another. Results are filed by the calling thread as each child finishes; only it
+writes the store. With ``RunConfig.cascade`` (never for the seed) each child is screened on the
+round's minibatch first (the rules are :mod:`evolve.evolution.cascade`'s):
+
+- a child the paired test finds worse than its parent is filed ``stopped`` with its minibatch
+  scores (``scores["minibatch"]``), the reason (in its message and ``cascade``) and its seconds,
+  and costs nothing more; it is never an archive member (only ``evaluated`` ones are);
+- otherwise it is *promoted*: its screen is recorded (``cascade["verdict"] == "promoted"``,
+  status still ``proposed``) and it gets the full train + valid evaluation, where stage reuse
+  serves the minibatch conversations' stages.
+
+A candidate's ``seconds`` is everything its evaluations took (minibatch and full). Resume: a
+child whose screen is recorded is not screened again; a judged one (:data:`JUDGED`) is left as
+it is. Each evaluation logs ``evaluating`` (``phase``: ``minibatch`` or ``full``) when it
+starts, and ``screened`` or ``evaluated`` when its result is filed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from evolve.config import SPLITS, RunConfig
+from evolve.datasets.types import TaskSet
+from evolve.distributed import JobBackend
+from evolve.evolution.archive import fitness, question_fitness
+from evolve.evolution.cascade import minibatch, verdict
+from evolve.evolution.store import CandidateMeta, RunStore
+from evolve.executor import EvalError, EvalReport, evaluate
+from evolve.models.llm import LLMClient
+from evolve.worker import WorkerConfig
+from sandbox.check import CheckedProgram, CheckReport, check_program
+
+JUDGED = ("evaluated", "rejected", "failed", "stopped")  # statuses never evaluated again
+Phase = list[tuple[str, TaskSet]]  # (name the scores are filed under, tasks)
+
+
+def score_block(result: EvalReport) -> dict[str, Any]:
+    """What a candidate keeps of one split's evaluation."""
+    return {
+        "fitness": result.meta["fitness"],  # the mode: name and version
+        "overall": result.scores["overall"],
+        "by_capability": result.scores["by_capability"],
+        "headline": result.scores.get("headline"),
+        "errors": result.meta["errors"],
+        "questions": question_fitness(result.traces),
+        "question_capabilities": {t.id: t.capability for t in result.traces},
+        "diagnostics": result.scores.get("diagnostics"),
+        "stages": result.stages,  # computed / reused per cached stage
+    }
+
+
+@dataclasses.dataclass
+class _Job:
+    candidate: CandidateMeta
+    program: CheckedProgram
+    report: CheckReport
+
+
+class Evaluator:
+    """Evaluates and files candidates of one run (see the module docstring). ``backend`` and
+    ``tasks`` are the loop's (started / loaded on first use); ``after`` is called with the id
+    of each candidate filed ``evaluated``."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        config: RunConfig,
+        worker: WorkerConfig,
+        judge: LLMClient | None,
+        backend: Callable[[], JobBackend],
+        tasks: Callable[[str], TaskSet],
+        after: Callable[[str], None],
+    ) -> None:
+        self.store, self.config, self.worker, self.judge = store, config, worker, judge
+        self.backend, self.tasks, self.after = backend, tasks, after
+
+    def judge_all(
+        self, children: list[tuple[CandidateMeta, CheckReport | None]], parent: CandidateMeta | None
+    ) -> None:
+        """Sandbox (where no report is given), screen (cascade; ``parent`` None: none) and
+        evaluate ``children`` concurrently; candidates already judged are left as they are."""
+        jobs = [job for c, report in children if (job := self._checked(c, report))]
+        if self.config.cascade and parent is not None:
+            self._screen([j for j in jobs if j.candidate.cascade is None], parent)
+        full = [dataclasses.replace(j, candidate=self.store.get(j.candidate.id)) for j in jobs]
+        phase = [(split, self.tasks(split)) for split in SPLITS]
+        for job, results in self._run([j for j in full if j.candidate.status == "proposed"],
+                                      "full", phase):  # fmt: skip
+            if results is not None:
+                self._file(job, results)
+
+    def _checked(self, candidate: CandidateMeta, report: CheckReport | None) -> _Job | None:
+        if candidate.status in JUDGED:
+            return None
+        if report is None:
+            report = check_program(self.store.source(candidate.id), candidate.id)
+        if report.program is None:
+            self._give_up(candidate, report, "rejected", report.repair_text())
+            return None
+        path = str(self.store.source_path(candidate.id))
+        program = dataclasses.replace(report.program, path=path)  # checked before it had a file
+        return _Job(candidate, program, report)
+
+    def _screen(self, jobs: list[_Job], parent: CandidateMeta) -> None:
+        batch = minibatch(parent, self.tasks("train"), self.config.minibatch)
+        theirs = {
+            q.id: v
+            for q in batch.questions
+            if (v := parent.scores["train"].get("questions", {}).get(q.id)) is not None
+        }
+        full = sum(len(self.tasks(s).questions) for s in SPLITS)  # fmt: skip
+        for job, results in self._run(jobs, "minibatch", [("minibatch", batch)]):
+            if results is None:
+                continue
+            result = results["minibatch"]
+            seconds = float(result.meta["seconds"])
+            seed = f"{parent.source_sha256}|{job.candidate.source_sha256}|minibatch"
+            why, mine, before = verdict(question_fitness(result.traces), theirs, seed)
+            saved = seconds * full / max(1, len(batch.questions)) - seconds if why else 0.0
+            record = {"parent": parent.id, "conversations": [c.id for c in batch.conversations],
+                      "questions": len(batch.questions), "verdict": "stopped" if why else
+                      "promoted", "reason": why, "fitness": round(mine, 6),
+                      "parent_fitness": round(before, 6), "seconds": seconds,
+                      "saved_seconds": round(max(0.0, saved), 3)}  # fmt: skip
+            fields: dict[str, Any] = {
+                "cascade": record, "scores": {"minibatch": score_block(result)},
+                "usage": {**job.candidate.usage, "minibatch": result.usage}, "seconds": seconds,
+            }  # fmt: skip
+            if why:
+                message = f"{job.candidate.message} [stopped: {why}]"
+                fields |= {"status": "stopped", "sandbox": job.report.as_json(), "message": message}
+            self.store.update(job.candidate.id, **fields)
+            self.store.log_event("screened", candidate=job.candidate.id,
+                                 verdict=record["verdict"], reason=why)  # fmt: skip
+
+    def _run(
+        self, jobs: list[_Job], phase: str, splits: Phase
+    ) -> Iterator[tuple[_Job, dict[str, EvalReport] | None]]:
+        """Evaluate every job's program on ``splits``, all jobs at once; yields each job with its
+        results as it finishes (None: it failed, and is filed ``failed``)."""
+        if not jobs:
+            return
+        for job in jobs:
+            self.store.log_event("evaluating", candidate=job.candidate.id, phase=phase)
+        backend = self.backend()
+        with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="evaluate") as pool:
+            futures = {pool.submit(self._evaluate, job, splits, backend): job for job in jobs}
+            for future in as_completed(futures):
+                job = futures[future]
+                try:
+                    yield job, future.result()
+                except EvalError as exc:
+                    self._give_up(job.candidate, job.report, "failed", str(exc))
+                    yield job, None
+
+    def _evaluate(self, job: _Job, splits: Phase, backend: JobBackend) -> dict[str, EvalReport]:
+        results = {}
+        for name, tasks in splits:
+            # stage diagnostics steer cold start: computed for the seed and its revisions
+            diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
+            worker = dataclasses.replace(self.worker, diagnose=diagnose)
+            results[name] = evaluate(job.program, tasks, worker, judge=self.judge,
+                                     backend=backend,
+                                     judge_variant=self.config.judge_variant)  # fmt: skip
+        return results
+
+    def _file(self, job: _Job, results: dict[str, EvalReport]) -> None:
+        meta = self.store.get(job.candidate.id)
+        self.store.write_traces(meta.id, "train", results["train"].traces)
+        self.store.update(
+            meta.id,
+            status="evaluated",
+            sandbox=job.report.as_json(),
+            scores={**meta.scores, **{s: score_block(r) for s, r in results.items()}},
+            usage={**meta.usage, **{s: r.usage for s, r in results.items()}},
+            seconds=meta.seconds + sum(float(r.meta["seconds"]) for r in results.values()),
+        )
+        valid = fitness(results["valid"].scores["overall"])
+        self.store.log_event("evaluated", candidate=meta.id, valid=valid)
+        self.after(meta.id)
+
+    def _give_up(
+        self, candidate: CandidateMeta, report: CheckReport, status: str, why: str
+    ) -> None:
+        """File a candidate that will not be evaluated (``rejected`` by the sandbox, or
+        ``failed`` in evaluation), with its sandbox report and the reason in its message."""
+        self.store.update(
+            candidate.id,
+            status=status,
+            sandbox=report.as_json(),
+            message=f"{candidate.message} [{status}: {why}]",
+        )
