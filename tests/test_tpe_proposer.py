@@ -83,7 +83,8 @@ def evolve(store: RunStore, proposer: TPEProposer, rounds: range) -> list[Propos
     for r in rounds:
         req = request(store, r)
         child = proposer.propose(req)
-        assert child.source is not None and child.message.startswith("optuna: ")
+        assert child.source is not None
+        assert child.message.startswith("optuna: " if r >= STARTUP - 1 else "offline: ")
         assert hashlib.sha256(child.source.encode()).hexdigest() not in req.known
         assert changed_components(req.parent.source, child.source)
         file(store, child.source, [req.parent.id], objective(child.source))
@@ -93,12 +94,12 @@ def evolve(store: RunStore, proposer: TPEProposer, rounds: range) -> list[Propos
 
 def test_proposals_are_deterministic_under_a_seed(tmp_path: Path) -> None:
     store = new_run(tmp_path, "r")
-    evolve(store, TPEProposer(3, store.root), range(3))
-    req = request(store, 3)
+    evolve(store, TPEProposer(3, store.root), range(STARTUP))
+    req = request(store, STARTUP)
     first = TPEProposer(3, store.root).propose(req)
     assert TPEProposer(3, store.root).propose(req) == first
     assert TPEProposer(4, store.root).propose(req).source != first.source
-    assert TPEProposer(3, store.root).propose(request(store, 3, child=1)).source != first.source
+    assert TPEProposer(3, store.root).propose(request(store, STARTUP, child=1)) != first
 
 
 def test_a_fresh_proposer_continues_the_stored_study(tmp_path: Path) -> None:
@@ -174,8 +175,12 @@ def test_integration_searches_only_where_the_programs_differ(tmp_path: Path) -> 
     partner_source = (HYBRID.replace("TOP_K = 80", "TOP_K = 160")
                       .replace("MIN_SCORE = 0.15", "MIN_SCORE = 0.35")
                       .replace("DATE_PREFIX = True", "DATE_PREFIX = False"))  # fmt: skip
-    partner = file(store, partner_source, [store.candidates()[0].id], 0.1)
     seed = store.candidates()[0]
+    partner = file(store, partner_source, [seed.id], 0.1)
+    for i in range(1, STARTUP):  # trials inside the span, so TPE (not the fallback) proposes
+        between = (HYBRID.replace("TOP_K = 80", f"TOP_K = {80 + 10 * i}")
+                   .replace("MIN_SCORE = 0.15", f"MIN_SCORE = {0.15 + 0.03 * i:.2f}"))  # fmt: skip
+        file(store, between, [seed.id], 0.1 * i)
     for round_no in range(12):
         req = Request("integration", round_no, view(store, seed), None,
                       specialists=(view(store, partner),),

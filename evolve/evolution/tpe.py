@@ -13,9 +13,12 @@ is proposed), in creation order; a trial's params are the candidate's tunable va
 candidate's **train** scores only — the capability's fitness in refinement
 (``Request.target``), the overall fitness otherwise (:func:`evolve.evolution.archive.fitness`).
 A candidate whose values fall outside the space is left out. The space comes from the parent's
-live tunables and their declared ranges: ints as ints (log scale when the range spans at least
-:data:`LOG_RATIO`), floats as floats (rounded to 3 significant digits once sampled), bools as a
-categorical. Sampling is multivariate TPE seeded by (seed, round, child, partner).
+live tunables and their ranges (declared, else inferred): ints as ints (log scale when the
+range spans at least :data:`LOG_RATIO`), floats as floats (rounded to 3 significant digits
+once sampled), bools as a categorical. Sampling is multivariate TPE seeded by (seed, round,
+child, partner). Until the study holds :data:`STARTUP` trials the child is the random
+strategy's (local moves from the parent, or crossover): TPE's own startup would sample the
+whole space uniformly, far from a tuned seed, and a short run would spend its budget there.
 
 Integration (``Request.specialists`` non-empty) is crossover followed by search: the space is
 only the tunables where the parent and its partner (the first specialist that differs in some
@@ -65,7 +68,7 @@ from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.store import CandidateMeta, RunStore
 
 ATTEMPTS = 8  # TPE samples tried per child before falling back to a random mutation
-STARTUP = 6  # trials before TPE models (random samples of the space until then)
+STARTUP = 6  # trials in the study before TPE proposes (the random strategy's moves until then)
 LOG_RATIO = 20.0  # a positive range with high / low at least this is searched on a log scale
 
 Space = dict[str, BaseDistribution]
@@ -100,6 +103,8 @@ class TPEProposer(OfflineProposer):
         if not space:
             return super().propose(request)
         study = self._study(request, space, partner)
+        if len(study.trials) < STARTUP:
+            return super().propose(request)
         for _ in range(ATTEMPTS):
             trial = study.ask(space)
             edits = {found[n]: _value(found[n], v, space[n]) for n, v in trial.params.items()}
