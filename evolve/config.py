@@ -4,11 +4,11 @@ Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per e
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the LLM
 transport limits (requests in flight for the whole run, seconds per request), the budget caps,
 the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
-evaluation cascade (docs/design.md §4) and the ablations), the evolution stages' order
-(:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on (:data:`SPLITS`), and
-which fitness a run selects on (:meth:`RunConfig.fitness`). The run
-manifest stores the config as JSON (:meth:`RunConfig.as_json`); :func:`stored_config` reads it
-back.
+evaluation cascade (docs/design.md §4), the offline proposer's search strategy and the
+ablations), the evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits
+a run evaluates on (:data:`SPLITS`), and which fitness a run selects on
+(:meth:`RunConfig.fitness`). The run manifest stores the config as JSON
+(:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
 unknown keys, wrong types and values outside their choices are refused, and a stored config
@@ -85,6 +85,7 @@ class RunConfig(BaseModel):
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
     cases: Literal["worst", "random"] = "worst"
+    offline_search: Literal["optuna", "random"] = "optuna"  # the offline proposer's strategy
 
     @field_validator("rounds")
     @classmethod

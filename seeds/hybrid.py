@@ -1,17 +1,25 @@
 """Hybrid seed: dense + lexical (BM25) fusion with tunable retrieval choices.
 
-Indexing splits each unit into chunks of about CHUNK_CHARS characters and embeds every chunk
-once; the BM25 index over the same chunks is rebuilt lazily, at the first retrieval after new
-units arrive. Retrieval scores each chunk by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25
-(scaled to 0-1 by the query's best chunk), gives each unit its best chunk's score times its
-role weight, keeps the TOP_K best units at or above MIN_SCORE, optionally re-orders them by
-maximal marginal relevance (MMR_LAMBDA < 1), adds NEIGHBOURS adjacent units of the same session
-after each hit, and packs the result within the character budget.
+Indexing splits each unit into chunks of about CHUNK_CHARS characters (consecutive chunks
+sharing CHUNK_OVERLAP characters) and embeds every chunk once; the BM25 index over the same
+chunks is rebuilt lazily, at the first retrieval after new units arrive. Retrieval optionally
+expands the query with its RARE_TERMS rarest words (fewest chunks hold them), scores each chunk
+by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25 (scaled to 0-1 by the query's best chunk),
+gives each unit its best chunk's score times its role weight plus a recency prior
+(RECENCY_WEIGHT times the unit's position, 0 for the first unit and 1 for the last), keeps the
+TOP_K best units at or above MIN_SCORE, optionally re-orders them by maximal marginal relevance
+(MMR_LAMBDA < 1), keeps at most SESSION_CAP of them per session, adds NEIGHBOURS adjacent units
+of the same session after each hit, and packs the result within the character budget, by
+relevance; CHRONOLOGICAL then lists what fitted in the order the units were indexed. A hit
+returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of
+the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
-The offline proposer mutates them within those ranges.
+The offline proposer searches them within those ranges. The defaults are the seed's original
+behaviour (no expansion, no prior, no cap, no overlap, whole units by relevance).
 """
 
+import re
 from dataclasses import dataclass
 
 import bm25s
@@ -30,6 +38,13 @@ MMR_LAMBDA = 1.0  # relevance vs diversity in MMR; 1.0 turns MMR off (range 0.3-
 NEIGHBOURS = 0  # adjacent units of the same session added after each hit (range 0-3)
 CHUNK_CHARS = 600  # chunk size for scoring long units (range 200-4000)
 DATE_PREFIX = True  # prefix each returned unit with its date (bool)
+RETURN_CHUNK = False  # a hit returns its best chunk (with context), not its whole unit (bool)
+CHUNK_CONTEXT = 150  # unit characters kept each side of a returned chunk (range 0-1000)
+CHRONOLOGICAL = False  # list the packed units in indexing order, not by relevance (bool)
+SESSION_CAP = 0  # most hits kept per session; 0 = no cap (range 0-40)
+CHUNK_OVERLAP = 0  # characters shared by consecutive chunks, at most half a chunk (range 0-300)
+RARE_TERMS = 0  # the query's rarest words appended to it; 0 = no expansion (range 0-8)
+RECENCY_WEIGHT = 0.0  # score bonus of the last unit, linear in position from 0 (range 0.0-0.3)
 
 EXTRACTION_INSTRUCTION = (
     "Read the conversation session and write down what a personal assistant must remember "
@@ -73,17 +88,20 @@ class Memory:
         self.units: list[MemoryUnit] = []
         self.sessions: list[str] = []  # session id per unit
         self.chunk_unit: list[int] = []  # unit index per chunk
+        self.chunk_spans: list[tuple[int, int]] = []  # character span of each chunk in its unit
         self.chunk_texts: list[str] = []
         self.parts: list[np.ndarray] = []  # chunk embeddings not yet stacked
         self.vectors = np.zeros((0, backend.dim), dtype=np.float32)
         self.lexical = None  # BM25 over chunk_texts, rebuilt lazily
+        self.df: dict[str, int] = {}  # stemmed term -> chunks holding it, rebuilt with lexical
 
     def index(self, units, segment):
         texts = []
         for unit in units:
-            for chunk in split_chunks(unit.content, CHUNK_CHARS):
+            for start, end in chunk_spans(unit.content, CHUNK_CHARS, CHUNK_OVERLAP):
                 self.chunk_unit.append(len(self.units))
-                texts.append(chunk)
+                self.chunk_spans.append((start, end))
+                texts.append(unit.content[start:end])
             self.units.append(unit)
             self.sessions.append(segment.session_id)
         if texts:
@@ -96,11 +114,12 @@ class Memory:
         if not self.units:
             return ""
         self._refresh()
-        qvec = self.backend.embed([query.text])[0]
+        text = self._expand(query.text) if RARE_TERMS > 0 else query.text
+        qvec = self.backend.embed([text])[0]
         chunk_scores = DENSE_WEIGHT * (self.vectors @ qvec)
         if LEXICAL_WEIGHT > 0:
             tokens = bm25s.tokenize(
-                [query.text],
+                [text],
                 stopwords="en",
                 stemmer=_stemmer,
                 return_ids=False,
@@ -113,24 +132,69 @@ class Memory:
         unit_scores = np.full(len(self.units), -np.inf, dtype=np.float64)
         np.maximum.at(unit_scores, np.asarray(self.chunk_unit), chunk_scores)
         unit_scores *= np.array([role_weight(u.role) for u in self.units])
+        if RECENCY_WEIGHT > 0 and len(self.units) > 1:
+            unit_scores += RECENCY_WEIGHT * np.linspace(0.0, 1.0, len(self.units))
         k = min(TOP_K, len(unit_scores))
         best = np.argpartition(-unit_scores, k - 1)[:k]
         best = best[np.argsort(-unit_scores[best], kind="stable")]
         hits = [int(i) for i in best if unit_scores[i] >= MIN_SCORE]
         if MMR_LAMBDA < 1.0 and len(hits) > 1:
             hits = self._mmr(hits, unit_scores)
-        return pack([self._render(i) for i in self._with_neighbours(hits)], OUT_CHAR_BUDGET)
+        if SESSION_CAP > 0:
+            hits = self._capped(hits)
+        order = self._with_neighbours(hits)
+        best = self._best_chunks(chunk_scores) if RETURN_CHUNK else {}
+        blocks = [self._render(i, best.get(i)) for i in order]
+        kept = fit(blocks, OUT_CHAR_BUDGET)
+        if not kept:
+            return blocks[0][:OUT_CHAR_BUDGET] if blocks else ""
+        if CHRONOLOGICAL:
+            kept.sort(key=lambda k: order[k])
+        return "\n\n".join(blocks[k] for k in kept)
 
     def _refresh(self):
         if self.parts:
             self.vectors = np.vstack([self.vectors, *self.parts])
             self.parts = []
-        if self.lexical is None and LEXICAL_WEIGHT > 0:
+        if self.lexical is None and (LEXICAL_WEIGHT > 0 or RARE_TERMS > 0):
             tokens = bm25s.tokenize(
                 self.chunk_texts, stopwords="en", stemmer=_stemmer, show_progress=False
             )
             self.lexical = bm25s.BM25()
             self.lexical.index(tokens, show_progress=False)
+            held = {}
+            for ids in tokens.ids:
+                for token_id in set(ids):
+                    held[token_id] = held.get(token_id, 0) + 1
+            self.df = {term: held.get(i, 0) for term, i in tokens.vocab.items()}
+
+    def _expand(self, text):
+        """The query with its RARE_TERMS rarest indexed words appended (fewest chunks first)."""
+        rare = {}
+        for word in re.findall(r"[A-Za-z0-9]+", text):
+            held = self.df.get(_stemmer.stemWord(word.lower()), 0)
+            if held > 0:
+                rare.setdefault(word.lower(), held)
+        picked = sorted(rare, key=lambda w: rare[w])[:RARE_TERMS]
+        return f"{text} {' '.join(picked)}" if picked else text
+
+    def _capped(self, hits):
+        """The hits in order, at most SESSION_CAP from any one session."""
+        out, count = [], {}
+        for i in hits:
+            session = self.sessions[i]
+            if count.get(session, 0) < SESSION_CAP:
+                count[session] = count.get(session, 0) + 1
+                out.append(i)
+        return out
+
+    def _best_chunks(self, chunk_scores):
+        """Unit index -> the index of its best-scoring chunk."""
+        best = {}
+        for c, u in enumerate(self.chunk_unit):
+            if u not in best or chunk_scores[c] > chunk_scores[best[u]]:
+                best[u] = c
+        return best
 
     def _mmr(self, hits, unit_scores):
         first_chunk = {}
@@ -160,9 +224,13 @@ class Memory:
                     out.append(j)
         return out
 
-    def _render(self, i):
+    def _render(self, i, chunk=None):
         unit = self.units[i]
-        return f"[{unit.date}] {unit.content}" if DATE_PREFIX and unit.date else unit.content
+        text = unit.content
+        if chunk is not None:
+            start, end = self.chunk_spans[chunk]
+            text = text[max(start - CHUNK_CONTEXT, 0) : end + CHUNK_CONTEXT]
+        return f"[{unit.date}] {text}" if DATE_PREFIX and unit.date else text
 
 
 def role_weight(role):
@@ -173,29 +241,30 @@ def role_weight(role):
     return 1.0
 
 
-def split_chunks(text, size):
-    """Consecutive pieces of about ``size`` characters, cut at whitespace when possible."""
+def chunk_spans(text, size, overlap=0):
+    """(start, end) of consecutive pieces of about ``size`` characters, cut at whitespace when
+    possible; each starts ``overlap`` characters (at most half the previous piece) before the
+    previous one ended."""
     if len(text) <= size:
-        return [text]
-    chunks, start = [], 0
+        return [(0, len(text))]
+    spans, start = [], 0
     while start < len(text):
         end = min(start + size, len(text))
         if end < len(text):
             cut = text.rfind(" ", start + size // 2, end)
             end = cut if cut > start else end
-        chunks.append(text[start:end])
-        start = end
-    return chunks
+        spans.append((start, end))
+        start = end - min(overlap, (end - start) // 2) if end < len(text) else end
+    return spans
 
 
-def pack(blocks, budget):
-    """Greedy fill in the given order: keep each block that still fits, skip the rest."""
-    out, used = [], 0
-    for block in blocks:
-        cost = len(block) + (2 if out else 0)
+def fit(blocks, budget):
+    """Greedy fill in the given order: indices of the blocks that still fit, skipping the rest
+    (blank-line separators counted)."""
+    kept, used = [], 0
+    for k, block in enumerate(blocks):
+        cost = len(block) + (2 if kept else 0)
         if used + cost <= budget:
-            out.append(block)
+            kept.append(k)
             used += cost
-    if not out and blocks:
-        return blocks[0][:budget]
-    return "\n\n".join(out)
+    return kept

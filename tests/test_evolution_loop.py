@@ -104,11 +104,11 @@ def test_resume_with_a_higher_cap_matches_an_uninterrupted_run(
 def test_run_ablations_no_integration_and_random_cases(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
-    """`--no-integration` files no integrated candidate; `--cases random` is recorded, and the
-    offline proposer, which reads no cases, is given none; `--children 1 --no-cascade`: one
-    child per round, evaluated in full."""
+    """`--no-integration` files no integrated candidate; `--cases random` and
+    `--offline-search random` are recorded, and the offline proposer, which reads no cases, is
+    given none; `--children 1 --no-cascade`: one child per round, evaluated in full."""
     argv = ["run", "--data-dir", str(data_dir), "--rounds", "1,1,1", "--no-integration",
-            "--children", "1", "--no-cascade",
+            "--children", "1", "--no-cascade", "--offline-search", "random",
             "--cases", "random", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
             "--no-progress"]  # fmt: skip
@@ -119,6 +119,8 @@ def test_run_ablations_no_integration_and_random_cases(
     assert store.load_state()["rounds"] == {"cold_start": 1, "refinement": 1}
     recorded = store.manifest["config"]
     assert recorded["cases"] == "random" and recorded["rounds"]["integration"] == 0
+    assert recorded["offline_search"] == "random"  # the random mutation, not optuna
+    assert all(c.message.startswith("offline: ") for c in store.candidates()[1:])
     assert recorded["children"] == 1 and recorded["cascade"] is False
     assert all(c.cascade is None and "minibatch" not in c.scores for c in store.candidates())
     proposed = store.events("proposed")

@@ -224,7 +224,9 @@ def test_diff_across_runs(copy: RunStore, capsys: pytest.CaptureFixture[str]):
     report = as_json(capsys, "diff", f"{RUN}/c0002", f"beta/{seed.id}", "--runs-dir", runs_dir)
     assert report["b"] == f"beta/{seed.id}" and report["diff"] == ""
     report = as_json(capsys, "diff", f"{RUN}/c0000", f"beta/{seed.id}", "--runs-dir", runs_dir)
-    assert report["diff"].startswith(f"--- {RUN}/") and "+NEIGHBOURS = 1" in report["diff"]
+    pairs = zip(copy.source("c0000").splitlines(), copy.source("c0002").splitlines(), strict=True)
+    changed = next(b for a, b in pairs if a != b)  # a tunable the proposer moved
+    assert report["diff"].startswith(f"--- {RUN}/") and f"+{changed}\n" in report["diff"]
 
 
 def test_lineage_reaches_the_seed_through_two_parents(

@@ -19,7 +19,8 @@ HYBRID = (SEEDS / "hybrid.py").read_text()
 DENSE = (SEEDS / "dense.py").read_text()
 HYBRID_NAMES = [
     "DENSE_WEIGHT", "LEXICAL_WEIGHT", "USER_WEIGHT", "ASSISTANT_WEIGHT", "TOP_K", "MIN_SCORE",
-    "MMR_LAMBDA", "NEIGHBOURS", "CHUNK_CHARS", "DATE_PREFIX",
+    "MMR_LAMBDA", "NEIGHBOURS", "CHUNK_CHARS", "DATE_PREFIX", "RETURN_CHUNK", "CHUNK_CONTEXT",
+    "CHRONOLOGICAL", "SESSION_CAP", "CHUNK_OVERLAP", "RARE_TERMS", "RECENCY_WEIGHT",
 ]  # fmt: skip
 # Every constant strictly inside its range, so each guided direction is open.
 HYBRID_MID = (
@@ -195,7 +196,7 @@ def test_two_hundred_proposals_stay_valid() -> None:
     for source, child in {child.source: child for child in children}.items():
         assert check_source(source, parent_source=HYBRID) == []
         components = changed_components(HYBRID, source)
-        if "CHUNK_CHARS" in child.changes:
+        if {"CHUNK_CHARS", "CHUNK_OVERLAP"} & set(child.changes):
             assert "index" in components
         else:
             assert components == ["retrieve"]

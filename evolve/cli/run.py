@@ -141,6 +141,12 @@ def add_command(sub: Any) -> None:
         default="worst",
         help="which failing cases the proposer sees (default: the worst)",
     )
+    ablations.add_argument(
+        "--offline-search",
+        choices=["optuna", "random"],
+        default="optuna",
+        help="offline proposer: model-based TPE search (default) or seeded random mutation",
+    )
     add_run_options(run)
     run.set_defaults(bench=None)  # unset: a new run's default is beam; a resumed run keeps its own
 
@@ -188,6 +194,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
         judge_variant=args.judge_variant,
         holistic=args.holistic, selection=args.selection, cases=args.cases,
+        offline_search=args.offline_search,
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
         minibatch=args.minibatch, **caps,
     )  # fmt: skip

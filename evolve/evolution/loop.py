@@ -69,6 +69,7 @@ from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_targets
 from evolve.evolution.store import CandidateMeta, RunStore
+from evolve.evolution.tpe import offline_proposer
 from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
@@ -176,7 +177,7 @@ class Evolution:
                                 **config.llm_limits())  # fmt: skip
         self.coder = coder
         self.proposer: Proposer = (
-            CoderProposer(coder) if coder is not None else OfflineProposer(config.rng_seed)
+            CoderProposer(coder) if coder is not None else offline_proposer(config, store.root)
         )
         # the offline proposer reads constants and scores, never cases: none are built for it
         self.builds_cases = not isinstance(self.proposer, OfflineProposer)
@@ -318,6 +319,7 @@ class Evolution:
             diagnostics=parent.scores["train"].get("diagnostics"),
             known=frozenset(c.source_sha256 for c in candidates) | siblings,
             child=child,
+            siblings=siblings,
         )
 
     def _children_of(self, round_no: int) -> set[str]:

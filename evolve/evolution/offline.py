@@ -1,8 +1,11 @@
 """Offline proposer: evolve a program's tunable constants without an LLM (docs/design.md §4).
 
 Owns :func:`tunables` (find a program's module-level numeric and boolean constants and their
-ranges) and :class:`OfflineProposer`, which mutates them as source patches, steered by the
-weakest capability, and crosses two programs over by their constants.
+ranges), the source edits every offline strategy shares (:func:`live_names`, :func:`patch`,
+:func:`describe`, :func:`round3`) and :class:`OfflineProposer`, the ``--offline-search random``
+strategy (an ablation): it mutates the constants as source patches, steered by the weakest
+capability, and crosses two programs over by their constants. The default strategy, TPE over
+the same tunables, is :mod:`evolve.evolution.tpe`.
 
 A tunable is a top-level ``NAME = <literal>`` (or ``NAME: T = <literal>``) assigned once, NAME all
 caps and not in :data:`EXCLUDED`, the literal an int, float (finite) or bool on one line; ``-5``
@@ -161,7 +164,7 @@ class OfflineProposer:
         """Move one or two tunables of ``source``, preferring moves that help ``target``."""
         if target is not None and target not in CAPABILITIES:
             raise ValueError(f"unknown capability {target!r}; expected one of {CAPABILITIES}")
-        live = _live_names(source)
+        live = live_names(source)
         found = [t for t in tunables(source) if t.name in live]
         rng = random.Random(f"{self.seed}:{round_no}:{target}" + _child_key(child))
         edits: dict[Tunable, Value] = {}
@@ -181,8 +184,8 @@ class OfflineProposer:
             raise ValueError("no tunable constant can change")
         changes = {t.name: (t.value, new) for t, new in edits.items()}
         suffix = f" (target {target})" if target else ""
-        message = f"offline: {_describe(changes)}{suffix}"
-        return Proposal(_patch(source, edits), message, (), changes=changes)
+        message = f"offline: {describe(changes)}{suffix}"
+        return Proposal(patch(source, edits), message, (), changes=changes)
 
     def crossover(self, a: str, b: str, round_no: int, child: int = 0) -> Proposal:
         """``a`` with some of its differing tunables set to ``b``'s values (``a``'s code kept).
@@ -190,7 +193,7 @@ class OfflineProposer:
         Each differing constant comes from either parent; at least one comes from ``b`` and,
         when two or more differ, at least one from ``a``, so the child equals neither."""
         in_b = {t.name: t for t in tunables(b)}
-        live = _live_names(a)
+        live = live_names(a)
         differing = [
             t
             for t in tunables(a)
@@ -206,8 +209,8 @@ class OfflineProposer:
             from_b.remove(rng.choice(from_b))
         edits: dict[Tunable, Value] = {t: in_b[t.name].value for t in from_b}
         changes = {t.name: (t.value, new) for t, new in edits.items()}
-        message = f"offline crossover: from b {_describe(changes)}"
-        return Proposal(_patch(a, edits), message, (), changes=changes)
+        message = f"offline crossover: from b {describe(changes)}"
+        return Proposal(patch(a, edits), message, (), changes=changes)
 
 
 def _child_key(child: int) -> str:
@@ -255,23 +258,23 @@ def _step(t: Tunable, direction: int, rng: random.Random) -> Value | None:
         new = min(max(new, low), high)
     else:
         fraction = min(max(abs(rng.gauss(0.225, 0.05)), 0.15), 0.30)
-        new = min(max(_round3(v + direction * fraction * (t.high - t.low)), t.low), t.high)
+        new = min(max(round3(v + direction * fraction * (t.high - t.low)), t.low), t.high)
     return new if (new - v) * direction > 0 else None
 
 
 @functools.lru_cache(maxsize=128)
-def _live_names(source: str) -> frozenset[str]:
+def live_names(source: str) -> frozenset[str]:
     """Tunables whose change alters some component fingerprint; the rest no component uses."""
     base = fingerprints(source)
     return frozenset(
         t.name
         for t in tunables(source)
-        if fingerprints(_patch(source, {t: not t.value if t.kind == "bool" else t.value + 1}))
+        if fingerprints(patch(source, {t: not t.value if t.kind == "bool" else t.value + 1}))
         != base
     )
 
 
-def _patch(source: str, edits: dict[Tunable, Value]) -> str:
+def patch(source: str, edits: dict[Tunable, Value]) -> str:
     lines = _LINE.findall(source)
     for t, new in sorted(edits.items(), key=lambda e: (e[0].line, e[0].col), reverse=True):
         text = lines[t.line - 1]
@@ -283,11 +286,11 @@ def _render(value: Value) -> str:
     return repr(value)  # True/False; ints plainly; floats by the shortest round-tripping repr
 
 
-def _round3(x: float) -> float:
+def round3(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def _describe(changes: dict[str, tuple[Any, Any]]) -> str:
+def describe(changes: dict[str, tuple[Any, Any]]) -> str:
     return ", ".join(f"{n} {_render(old)} -> {_render(new)}" for n, (old, new) in changes.items())
 
 
@@ -301,7 +304,7 @@ def _range(kind: str, value: Value, comment: str) -> tuple[float | None, float |
     if kind == "int":
         low, high = float(size // 2), float(2 * size + 10)
     else:
-        low, high = 0.0, (1.0 if size <= 1 else _round3(2 * size + 1))
+        low, high = 0.0, (1.0 if size <= 1 else round3(2 * size + 1))
     return (low, high, False) if value >= 0 else (0.0 - high, 0.0 - low, False)  # never -0.0
 
 

@@ -53,6 +53,7 @@ class Request:
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds, and
     # of this round's earlier children
     child: int = 0  # the index of this child within its round (0 .. RunConfig.children - 1)
+    siblings: frozenset[str] = frozenset()  # sha256 of this round's earlier children (in known)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,227 @@
+"""Model-based offline proposer: optuna's TPE over a program's tunable constants (design §4).
+
+Owns :class:`TPEProposer` (``--offline-search optuna``, the default) and
+:func:`offline_proposer`, which builds the strategy a run's config names (``random`` is
+:class:`~evolve.evolution.offline.OfflineProposer`, seeded random mutation, kept as an ablation).
+
+The study. One optuna study per run, **derived from the run folder** every time a child is
+asked for, never kept beside it (as the archive is derived from the store): its trials are the
+run's evaluated candidates whose source the request counts as known (``Request.known``) but
+this round's earlier children (``Request.siblings``: judged together with this one, after it
+is proposed), in creation order; a trial's params are the candidate's tunable values
+(:func:`~evolve.evolution.offline.tunables`), its value the round's objective read from the
+candidate's **train** scores only — the capability's fitness in refinement
+(``Request.target``), the overall fitness otherwise (:func:`evolve.evolution.archive.fitness`).
+A candidate whose values fall outside the space is left out. The space comes from the parent's
+live tunables and their ranges (declared, else inferred): ints as ints (log scale when the
+range spans at least :data:`LOG_RATIO`), floats as floats (rounded to 3 significant digits
+once sampled), bools as a categorical. Sampling is multivariate TPE seeded by (seed, round,
+child, partner). Until the study holds :data:`STARTUP` trials the child is the random
+strategy's (local moves from the parent, or crossover): TPE's own startup would sample the
+whole space uniformly, far from a tuned seed, and a short run would spend its budget there.
+
+Integration (``Request.specialists`` non-empty) is crossover followed by search: the space is
+only the tunables where the parent and its partner (the first specialist that differs in some
+live tunable) differ, each over the span between the two values (bools: both), the other
+tunables stay the parent's.
+
+Invariants:
+- Exact replay and resume: a proposal depends only on (seed, request, the run folder's
+  candidates the request knows). A replayed round's request leaves out its own children (the
+  loop's rule) and the study its siblings even when they were judged before a kill, so a round
+  asked, killed and asked again — or asked by a fresh proposer after ``--resume`` — proposes
+  the same children; nothing is written, so nothing half-written exists.
+- Every child is new (its sha256 not in ``request.known``) and changes at least one component
+  fingerprint (only live tunables move); after :data:`ATTEMPTS` samples that give no new child
+  the round falls back to the random mutation of :class:`OfflineProposer`.
+- The proposer reads train scores only, never valid or test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from evolve.config import RunConfig
+from evolve.evolution.archive import fitness
+from evolve.evolution.offline import (
+    OfflineProposer,
+    Tunable,
+    Value,
+    describe,
+    live_names,
+    patch,
+    round3,
+    tunables,
+)
+from evolve.evolution.proposer import CandidateView, Proposal, Request
+from evolve.evolution.store import CandidateMeta, RunStore
+
+ATTEMPTS = 8  # TPE samples tried per child before falling back to a random mutation
+STARTUP = 6  # trials in the study before TPE proposes (the random strategy's moves until then)
+LOG_RATIO = 20.0  # a positive range with high / low at least this is searched on a log scale
+
+Space = dict[str, BaseDistribution]
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def offline_proposer(config: RunConfig, run_dir: Path) -> OfflineProposer:
+    """The offline proposer ``config.offline_search`` names, for the run in ``run_dir``."""
+    if config.offline_search == "random":
+        return OfflineProposer(config.rng_seed)
+    return TPEProposer(config.rng_seed, run_dir)
+
+
+class TPEProposer(OfflineProposer):
+    """TPE over the tunables, its study derived from the run folder; see the module docstring.
+
+    Its ``mutate`` and ``crossover`` (the random strategy's) serve as the fallback."""
+
+    name = "optuna"
+
+    def __init__(self, seed: int, run_dir: Path) -> None:
+        super().__init__(seed)
+        self.run_dir = Path(run_dir)
+
+    def propose(self, request: Request) -> Proposal:
+        parent = request.parent
+        found = {t.name: t for t in tunables(parent.source) if t.name in live_names(parent.source)}
+        partner, space = _integration_space(found, request.specialists)
+        if partner is None:
+            space = {n: d for n, t in found.items() if (d := _distribution(t)) is not None}
+        if not space:
+            return super().propose(request)
+        study = self._study(request, space, partner)
+        if len(study.trials) < STARTUP:
+            return super().propose(request)
+        for _ in range(ATTEMPTS):
+            trial = study.ask(space)
+            edits = {found[n]: _value(found[n], v, space[n]) for n, v in trial.params.items()}
+            edits = {t: v for t, v in edits.items() if v != t.value}
+            source = patch(parent.source, edits)
+            if edits and _sha256(source) not in request.known:
+                return self._proposal(request, partner, source, edits)
+        return super().propose(request)
+
+    def _study(self, request: Request, space: Space, partner: CandidateView | None) -> optuna.Study:
+        """The run's study for this child: a seeded sampler, the known candidates as trials."""
+        key = f"{self.seed}:{request.round_no}:{request.child}:{partner.id if partner else ''}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=int(hashlib.sha256(key.encode()).hexdigest()[:8], 16),
+                n_startup_trials=STARTUP,
+                multivariate=True,
+            )
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for params, value in self._trials(request, space):
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=space,
+                                                      value=value))  # fmt: skip
+        return study
+
+    def _trials(self, request: Request, space: Space) -> list[tuple[dict[str, Value], float]]:
+        """(params, objective) of every evaluated candidate the request knows, in creation
+        order; one whose values lie outside ``space`` is left out."""
+        store = RunStore(self.run_dir)
+        out = []
+        for meta in store.candidates():
+            sha = meta.source_sha256
+            if meta.status != "evaluated" or sha not in request.known or sha in request.siblings:
+                continue
+            values = {t.name: t.value for t in tunables(store.source(meta.id))}
+            params = {n: values[n] for n in space if n in values}
+            if len(params) == len(space) and all(_inside(space[n], v) for n, v in params.items()):
+                out.append((params, _objective(meta, request.target)))
+        return out
+
+    def _proposal(
+        self,
+        request: Request,
+        partner: CandidateView | None,
+        source: str,
+        edits: dict[Tunable, Value],
+    ) -> Proposal:
+        changes = {t.name: (t.value, new) for t, new in edits.items()}
+        parents: tuple[str, ...]
+        if partner is not None:
+            suffix, parents = f" (crossover with {partner.id})", (request.parent.id, partner.id)
+        else:
+            target = f" (target {request.target})" if request.target else ""
+            suffix, parents = target, (request.parent.id,)
+        return Proposal(source, f"optuna: {describe(changes)}{suffix}", parents, changes=changes)
+
+
+def _integration_space(
+    found: dict[str, Tunable], specialists: tuple[CandidateView, ...]
+) -> tuple[CandidateView | None, Space]:
+    """The first specialist that differs from the parent in a live tunable, and the space of
+    the differing tunables (each over the span of the two values); (None, {}) when none does."""
+    for other in specialists:
+        theirs = {t.name: t for t in tunables(other.source)}
+        space: Space = {}
+        for name, t in found.items():
+            o = theirs.get(name)
+            if o is None or o.kind != t.kind or o.value == t.value:
+                continue
+            if t.kind == "bool":
+                space[name] = CategoricalDistribution((False, True))
+            else:
+                low, high = sorted((t.value, o.value))
+                space[name] = (IntDistribution(int(low), int(high)) if t.kind == "int"
+                               else FloatDistribution(float(low), float(high)))  # fmt: skip
+        if space:
+            return other, space
+    return None, {}
+
+
+def _distribution(t: Tunable) -> BaseDistribution | None:
+    """The search range of a tunable (None when it cannot move)."""
+    if t.kind == "bool":
+        return CategoricalDistribution((False, True))
+    assert t.low is not None and t.high is not None
+    log = t.low > 0 and t.high / t.low >= LOG_RATIO
+    if t.kind == "int":
+        low, high = math.ceil(t.low), math.floor(t.high)
+        return IntDistribution(low, high, log=log) if low < high else None
+    return FloatDistribution(t.low, t.high, log=log) if t.low < t.high else None
+
+
+def _value(t: Tunable, sampled: Value, space: BaseDistribution) -> Value:
+    """A sampled value in the tunable's type (floats to 3 significant digits, kept in range)."""
+    if t.kind == "bool":
+        return bool(sampled)
+    if t.kind == "int":
+        return int(sampled)
+    assert isinstance(space, FloatDistribution)
+    return min(max(round3(float(sampled)), space.low), space.high)
+
+
+def _inside(space: BaseDistribution, value: Value) -> bool:
+    """Whether a candidate's value is a point of the space, of the same type."""
+    if isinstance(space, CategoricalDistribution):
+        return isinstance(value, bool)
+    kind = int if isinstance(space, IntDistribution) else float
+    low, high = space.low, space.high  # type: ignore[attr-defined]
+    return type(value) is kind and low <= value <= high
+
+
+def _objective(meta: CandidateMeta, target: str | None) -> float:
+    """The round's objective on a candidate's train scores (never valid)."""
+    train = meta.scores.get("train", {})
+    block = train.get("by_capability", {}).get(target) if target else train.get("overall")
+    return fitness(block)
+
+
+def _sha256(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()

@@ -1,0 +1,126 @@
+"""seeds/hybrid.py's structural tunables (issue 14 §3): each one, moved from its default, changes
+what ``retrieve`` returns for some input; the widened seed still passes the sandbox at the
+extremes of its ranges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_ariadne import BagOfWords
+
+from contract.program import LoadedProgram, load_program, offline_units
+from contract.records import build_record
+from contract.types import Message, Segment
+from evolve.evolution.offline import tunables
+from sandbox.check import check_program
+
+SEED = Path(__file__).resolve().parents[1] / "seeds" / "hybrid.py"
+SOURCE = SEED.read_text()
+FILLER = "we talked about the weather and the traffic and lunch plans again today "
+
+
+def program(**constants: Any) -> LoadedProgram:
+    loaded = load_program(SOURCE, str(SEED))
+    for name, value in constants.items():
+        assert name in vars(loaded.module), name
+        vars(loaded.module)[name] = value
+    return loaded
+
+
+def session(sid: str, date: str, *texts: str) -> Segment:
+    return Segment(sid, date, tuple(Message(f"{sid}-{i}", "user", t) for i, t in enumerate(texts)))
+
+
+CONVERSATION = (
+    session("1", "2024-01-01", "my dentist is doctor zhivago on elm street", FILLER,
+            "the dentist appointment moved to friday", FILLER * 12 + "dentist bill was paid",
+            "dentist visits make me nervous"),
+    session("2", "2024-02-01", FILLER, "i play the oboe in the orchestra", "zhivago called"),
+    session("3", "2024-03-01", "another dentist recommended flossing", FILLER),
+)  # fmt: skip
+
+
+def retrieve(question: str, **constants: Any) -> str:
+    prog = program(**constants)
+    memory = prog.get("Memory")(BagOfWords())
+    for segment in CONVERSATION:
+        memory.index(offline_units(prog, segment), segment)
+    return str(memory.retrieve(build_record(prog.query, question, vars(prog.module))))
+
+
+PASSAGES = {"RETURN_CHUNK": True, "CHUNK_CHARS": 200, "CHUNK_CONTEXT": 0}
+NEW = {
+    "RETURN_CHUNK": {"RETURN_CHUNK": True, "CHUNK_CHARS": 200},
+    "CHUNK_CONTEXT": {"RETURN_CHUNK": True, "CHUNK_CHARS": 200, "CHUNK_CONTEXT": 0},
+    "CHRONOLOGICAL": {"CHRONOLOGICAL": True},
+    "SESSION_CAP": {"SESSION_CAP": 1},
+    "CHUNK_OVERLAP": {"CHUNK_OVERLAP": 100, **PASSAGES},
+    "RARE_TERMS": {"RARE_TERMS": 1, "LEXICAL_WEIGHT": 0.0, "TOP_K": 1},
+    "RECENCY_WEIGHT": {"RECENCY_WEIGHT": 0.3},
+}
+BASE = {"RETURN_CHUNK": {"CHUNK_CHARS": 200},
+        "CHUNK_CONTEXT": {"RETURN_CHUNK": True, "CHUNK_CHARS": 200},
+        "CHUNK_OVERLAP": PASSAGES,
+        "RARE_TERMS": {"LEXICAL_WEIGHT": 0.0, "TOP_K": 1}}  # fmt: skip
+
+
+def test_new_tunables_are_declared_with_neutral_defaults() -> None:
+    named = {t.name: t for t in tunables(SOURCE)}
+    for name in NEW:
+        assert named[name].declared, name
+    defaults = {"RETURN_CHUNK": False, "CHRONOLOGICAL": False, "SESSION_CAP": 0,
+                "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0}  # fmt: skip
+    assert {n: named[n].value for n in defaults} == defaults
+
+
+@pytest.mark.parametrize("name", list(NEW))
+def test_each_new_tunable_changes_what_retrieve_returns(name: str) -> None:
+    question = "dentist zhivago"
+    base, moved = retrieve(question, **BASE.get(name, {})), retrieve(question, **NEW[name])
+    assert base != moved
+    if name == "RETURN_CHUNK":  # the long unit's best chunk, not the whole unit
+        assert "dentist bill was paid" in base and "dentist bill was paid" in moved
+        assert len(moved) < len(base) - 200
+    if name == "CHRONOLOGICAL":  # same units, indexing order
+        assert sorted(base.split("\n\n")) == sorted(moved.split("\n\n"))
+        dates = [block[1:11] for block in moved.split("\n\n")]
+        assert dates == sorted(dates) and dates != [b[1:11] for b in base.split("\n\n")]
+    if name == "SESSION_CAP":
+        assert [b[1:11] for b in moved.split("\n\n")] == ["2024-01-01", "2024-02-01", "2024-03-01"]
+
+
+def test_rare_terms_expand_the_query_with_the_rarest_word() -> None:
+    # "dentist" is in five units, "zhivago" in two: expansion adds zhivago, and the one unit
+    # kept is then the one that names him (dense only, so the BM25 score cannot decide)
+    plain = retrieve("dentist zhivago", LEXICAL_WEIGHT=0.0, TOP_K=1, DATE_PREFIX=False)
+    expanded = retrieve("dentist zhivago", LEXICAL_WEIGHT=0.0, TOP_K=1, DATE_PREFIX=False,
+                        RARE_TERMS=1)  # fmt: skip
+    assert "zhivago" in expanded and expanded != plain
+
+
+def test_chunk_overlap_shares_characters_and_stays_linear() -> None:
+    prog = program()
+    spans = prog.get("chunk_spans")
+    text = FILLER * 20
+    plain, shared = spans(text, 200, 0), spans(text, 200, 300)
+    assert all(a[1] == b[0] for a, b in zip(plain, plain[1:], strict=False))  # no overlap
+    assert all(b[0] < a[1] for a, b in zip(shared, shared[1:], strict=False))  # overlapping
+    assert all(b[0] - a[0] >= 50 for a, b in zip(shared, shared[1:], strict=False))  # progress
+    assert shared[-1][1] == len(text) and len(shared) <= 2 * len(plain) + 1
+
+
+def test_extreme_settings_pass_the_sandbox() -> None:
+    extreme = SOURCE
+    for old, new in [("RETURN_CHUNK = False", "RETURN_CHUNK = True"),
+                     ("CHUNK_CHARS = 600", "CHUNK_CHARS = 200"),
+                     ("CHUNK_OVERLAP = 0", "CHUNK_OVERLAP = 300"),
+                     ("CHUNK_CONTEXT = 150", "CHUNK_CONTEXT = 1000"),
+                     ("RARE_TERMS = 0", "RARE_TERMS = 8"), ("SESSION_CAP = 0", "SESSION_CAP = 1"),
+                     ("CHRONOLOGICAL = False", "CHRONOLOGICAL = True"),
+                     ("RECENCY_WEIGHT = 0.0", "RECENCY_WEIGHT = 0.3")]:  # fmt: skip
+        assert old in extreme
+        extreme = extreme.replace(old, new)
+    report = check_program(extreme, "extreme hybrid", SOURCE)
+    assert report.passed, report.repair_text()
