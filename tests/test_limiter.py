@@ -324,5 +324,6 @@ def test_clients_built_per_job_share_one_limiter_and_its_descriptors(tmp_path: P
     before = len(os.listdir("/proc/self/fd"))
     for n in range(30):  # a worker builds one client per job
         client().complete("task", "t", f"job {n}")
-    assert len(os.listdir("/proc/self/fd")) == before
+    # no growth (other objects of the test process may close descriptors meanwhile)
+    assert len(os.listdir("/proc/self/fd")) <= before
     assert client().limiter is client().limiter
