@@ -111,6 +111,7 @@ class ConversationSession:
         self._schemas: dict[str, Any] = {}
         self._memory_ready = False
         self._nested = 0.0  # seconds spent in nested timed sections (see timed)
+        self.notify: Callable[[str], None] = lambda event: None  # progress (run_conversation)
 
     # -- the host ------------------------------------------------------------------------
 
@@ -178,12 +179,16 @@ class ConversationSession:
         records = None
         if self.llm is not None:
             windows = prompts.extraction_windows(segment)
-            records = [r for window in windows for r in self._extract_llm(window)]
+            records = []
+            for window in windows:
+                records += self._extract_llm(window)
+                self.notify("window")
         units, _ = self.call(
             "units",
             {"segment": asdict(segment), "records": records},
             timeout=self.config.step_seconds,
         )
+        self.notify("session")
         return list(units)
 
     def _extract_llm(self, window: Segment) -> list[dict[str, Any]]:
@@ -215,6 +220,7 @@ class ConversationSession:
             else:
                 self._memory_ready = True
                 self.count("index", "reused")
+                self.notify("restored")
                 return
         all_units = [self.units(i) for i in range(len(self.conv.sessions))]
         payload = {
@@ -223,6 +229,7 @@ class ConversationSession:
             "units": all_units,
         }
         timeout = INDEX_SECONDS + INDEX_SECONDS_PER_UNIT * sum(len(u) for u in all_units)
+        self.notify("indexing")
         try:
             result, blobs = self.timed(
                 "index", lambda: self.call("index", payload, timeout=timeout)
@@ -232,6 +239,7 @@ class ConversationSession:
             raise
         self._memory_ready = True
         self.count("index", "computed")
+        self.notify("indexed")
         if isinstance(result, dict) and result.get("stored") and blobs:
             self.store.put_bytes("index", self.index_key, blobs[0])
 
@@ -351,9 +359,15 @@ def run_conversation(
     """Execute one program over one conversation's questions.
 
     Runs in a worker process; the program's own code runs in a confined host it starts.
-    ``ticks``, when given, is a queue that receives the conversation id after each question.
+    ``ticks``, when given, is a queue that receives ``(conversation id, event)`` as the work
+    goes: ``window`` after each extraction window the task model answered, ``session`` after
+    each extracted session, ``indexing`` and ``indexed`` around indexing, ``restored`` when the
+    memory came from the stage store, ``question`` after each question
+    (:data:`evolve.executor.EVENTS`).
     """
     run = ConversationSession(source, path, config, conv)
+    if ticks is not None:
+        run.notify = lambda event: ticks.put((conv.id, event))
     run.embedder.stats.reset()
     traces: list[QuestionTrace] = []
     try:
@@ -366,8 +380,7 @@ def run_conversation(
                     )
                 except (HostFailure, ProgramFailure) as exc:
                     traces[-1].diagnostics_error = str(exc)[:300]
-            if ticks is not None:
-                ticks.put(conv.id)
+            run.notify("question")
     finally:
         run.close()
     run.count_untouched()
