@@ -49,7 +49,7 @@ from evolve import prompts
 from evolve.backend_service import BackendService
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
-from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions
+from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder, make_llm
@@ -392,9 +392,9 @@ def run_conversation(
 def evaluator_version() -> str:
     """A digest of what the evaluator contributes to stage outputs: EVALUATOR_VERSION, the
     contract version, the prompt texts and extraction window (:func:`evolve.prompts.texts`),
-    the truncation rule and budget, the embedding model and the installed versions of
-    OUTPUT_LIBRARIES."""
+    the truncation rule and budget, the embedding model, its precision and the installed
+    versions of OUTPUT_LIBRARIES."""
     versions = library_versions(OUTPUT_LIBRARIES)
     parts = [EVALUATOR_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
-             Embedder.name, Embedder.dim, versions]  # fmt: skip
+             Embedder.name, Embedder.dim, versions, precision()]  # fmt: skip
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -1,7 +1,9 @@
 """What every ``evolve`` command shares: errors, consoles, progress, shared options, flag types.
 
 Owns :class:`UsageError` and :class:`Parser` (argparse errors become one ``error:`` line and
-exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar`, the shared
+exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar` (a live bar
+on a terminal, else a plain line at least every ``PRISMEM_PROGRESS_SECONDS``), the check of
+the ``PRISMEM_*`` environment settings (:func:`check_settings`), the shared
 options of the commands that evaluate programs (:func:`add_run_options`) and the runs-dir
 default (:func:`add_runs_dir`), the argparse types of numeric flags (:data:`positive_int`,
 :data:`probability`, ...), program paths (:func:`read_program`), the model flags
@@ -223,6 +225,17 @@ def progress_seconds() -> float:
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"PRISMEM_PROGRESS_SECONDS must be a number > 0, got {text!r}")
     return value
+
+
+def check_settings() -> None:
+    """Refuse a bad ``PRISMEM_*`` environment setting before any command starts (UsageError)."""
+    from evolve.models.embed import precision
+
+    progress_seconds()
+    try:
+        precision()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @dataclass
