@@ -22,6 +22,9 @@ Invariants:
   the mode and its version.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
+- Progress (``on_progress``): on the local backend workers report :data:`EVENTS` over a queue
+  as they go, and :class:`Tally` makes one line of them (and of the judge calls made here);
+  every question is counted once, a crashed worker's unreported ones when it is found dead.
 """
 
 from __future__ import annotations
