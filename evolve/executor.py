@@ -28,6 +28,9 @@ Invariants:
 - ``meta.time`` splits the workers' wall time, summed over conversations, into ``model_wait``,
   ``sandbox`` and ``local`` (:class:`~evolve.fanout.WallClock`), and gives ``judging``, the
   parent's wall seconds scoring answers; ``meta.seconds`` is the evaluation's wall time.
+- Progress (``on_progress``): on the local backend workers report :data:`EVENTS` over a queue
+  as they go, and :class:`Tally` makes one line of them (and of the judge calls made here);
+  every question is counted once, a crashed worker's unreported ones when it is found dead.
 """
 
 from __future__ import annotations
@@ -80,7 +83,42 @@ class EvalReport:
         return {k: getattr(self, k) for k in keys}
 
 
-ProgressFn = Callable[[int], None]
+ProgressFn = Callable[[int, str | None], None]
+"""``(questions finished since the last call, what the evaluation is doing now)``: called as
+workers report (:func:`evolve.session.run_conversation`'s events) and per judged question."""
+EVENTS = ("window", "session", "indexing", "indexed", "restored", "question")  # what workers report
+
+
+class Tally:
+    """What the workers of one evaluation reported so far, as one line for a progress display:
+    sessions extracted, extraction windows the task model answered, memories indexed (and
+    which conversations are being indexed now) or restored from the stage store, judge calls;
+    nothing (None) before the first of them."""
+
+    def __init__(self, tasks: TaskSet) -> None:
+        self.sessions = sum(len(c.sessions) for c in tasks.conversations)
+        self.counts: Counter[str] = Counter()
+        self.indexing: set[str] = set()
+        self.judge_calls = 0
+
+    def add(self, conv_id: str, event: str) -> None:
+        self.counts[event] += 1
+        if event == "indexing":
+            self.indexing.add(conv_id)
+        elif event == "indexed":
+            self.indexing.discard(conv_id)
+
+    def line(self) -> str | None:
+        c = self.counts
+        parts = [f"{c['session']}/{self.sessions} sessions extracted"] if c["session"] else []
+        if c["window"]:
+            parts.append(f"{c['window']} extraction windows")
+        parts += [f"{c[e]} {e}" for e in ("indexed", "restored") if c[e]]
+        if self.indexing:
+            parts.append("indexing " + ", ".join(sorted(self.indexing)))
+        if self.judge_calls:
+            parts.append(f"{self.judge_calls} judge calls")
+        return " · ".join(parts) or None
 
 
 def evaluate(
@@ -113,7 +151,8 @@ def evaluate(
             cache_dir=str(Path(config.cache_dir).resolve()),
             calls_log=str(Path(config.calls_log).resolve()) if config.calls_log else None,
         )
-    results = _run_jobs(backend, program, tasks, config, on_progress)
+    tally = Tally(tasks)
+    results = _run_jobs(backend, program, tasks, config, tally, on_progress)
 
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
@@ -143,7 +182,13 @@ def evaluate(
     judging = time.perf_counter()
     if not config.offline:
         metrics += answers.metrics
-        _score_answers(answers, traces, by_id, config.llm_concurrency)
+
+        def judged_one() -> None:  # progress after each question's judging (any thread)
+            if judge is not None and on_progress:
+                tally.judge_calls = len(judge.records) - judged_before
+                on_progress(0, tally.line())
+
+        _score_answers(answers, traces, by_id, config.llm_concurrency, judged_one)
     judging = time.perf_counter() - judging
     for trace in traces:
         trace.scores[FITNESS_KEY] = fit.question(trace.scores)
@@ -215,13 +260,14 @@ def _run_jobs(
     program: CheckedProgram,
     tasks: TaskSet,
     config: WorkerConfig,
+    tally: Tally,
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()
     manager = SyncManager()
     manager.start(die_with_parent, (os.getpid(),))
     with manager:
-        # workers put one conversation id per finished question (where they can reach it)
+        # workers put (conversation id, event) as they go (where they can reach the queue)
         ticks = manager.Queue() if backend.live_progress else None
         futures: dict[Future[ConversationResult], str] = {}
         for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
@@ -235,10 +281,11 @@ def _run_jobs(
 
         def drain() -> None:
             while ticks is not None and not ticks.empty():
-                conv_id = ticks.get()
-                reported[conv_id] += 1
+                conv_id, event = ticks.get()
+                tally.add(conv_id, event)
+                reported[conv_id] += event == "question"
                 if on_progress:
-                    on_progress(1)
+                    on_progress(int(event == "question"), tally.line())
 
         pending = set(futures)
         while pending:
@@ -252,19 +299,26 @@ def _run_jobs(
                     error = f"worker: {type(exc).__name__}: {exc}"
                     results[conv_id] = _failed(conv_id, by_conv[conv_id], error)
                 if on_progress:  # questions a crashed worker never reported
-                    on_progress(max(0, len(by_conv[conv_id]) - reported[conv_id]))
+                    on_progress(max(0, len(by_conv[conv_id]) - reported[conv_id]), tally.line())
     return results
 
 
 def _score_answers(
-    answers: AnswerScorer, traces: list[QuestionTrace], by_id: dict[str, Question], workers: int
+    answers: AnswerScorer,
+    traces: list[QuestionTrace],
+    by_id: dict[str, Question],
+    workers: int,
+    after: Callable[[], None],
 ) -> None:
     """Score every trace's answer, up to ``workers`` questions at once (each judged on its own,
-    so the scores are those of one after another); a failed question counts as an empty answer."""
+    so the scores are those of one after another); a failed question counts as an empty answer.
+    ``after`` is called once per question when it is scored (from the thread that scored it)."""
 
     def one(trace: QuestionTrace) -> Judged:
         text = trace.answer if trace.answer is not None and not trace.error else ""
-        return answers.score(by_id[trace.id], text)
+        scored = answers.score(by_id[trace.id], text)
+        after()
+        return scored
 
     for trace, scored in zip(traces, ordered_map(one, traces, workers), strict=True):
         trace.scores.update(scored.scores)

@@ -66,7 +66,7 @@ from evolve.backend_service import BackendService
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
 from evolve.fanout import Turns, WallClock, attempt, ordered_map
-from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions
+from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder, make_llm
@@ -132,6 +132,7 @@ class ConversationSession:
         self._host_error: str | None = None
         self._schemas: dict[str, Any] = {}
         self._memory_ready = False
+        self.notify: Callable[[str], None] = lambda event: None  # progress (run_conversation)
 
     # -- the host ------------------------------------------------------------------------
 
@@ -247,6 +248,7 @@ class ConversationSession:
             {"segment": asdict(segment), "records": records},
             timeout=self.config.step_seconds,
         )
+        self.notify("session")
         return list(units)
 
     def _extract_llm(self, window: Segment) -> list[dict[str, Any]]:
@@ -261,7 +263,9 @@ class ConversationSession:
 
         prompt = prompts.extraction_prompt(self.source, wrapper, window)
         stage, llm = f"{self.config.call_prefix}/extract", self.llm
-        return self.model(lambda: llm.complete_json("task", stage, prompt, wrapper, validate))
+        records = self.model(lambda: llm.complete_json("task", stage, prompt, wrapper, validate))
+        self.notify("window")
+        return records
 
     def ensure_memory(self) -> None:
         """The host holds the built memory: restored from the store, or indexed now (and stored)."""
@@ -277,6 +281,7 @@ class ConversationSession:
             else:
                 self._memory_ready = True
                 self.count("index", "reused")
+                self.notify("restored")
                 return
         records = self._prefetch_records()
         all_units = [self.units(i, records[i]) for i in range(len(self.conv.sessions))]
@@ -286,6 +291,7 @@ class ConversationSession:
             "units": all_units,
         }
         timeout = INDEX_SECONDS + INDEX_SECONDS_PER_UNIT * sum(len(u) for u in all_units)
+        self.notify("indexing")
         try:
             result, blobs = self.timed(
                 "index", lambda: self.call("index", payload, timeout=timeout)
@@ -295,6 +301,7 @@ class ConversationSession:
             raise
         self._memory_ready = True
         self.count("index", "computed")
+        self.notify("indexed")
         if isinstance(result, dict) and result.get("stored") and blobs:
             self.store.put_bytes("index", self.index_key, blobs[0])
 
@@ -445,12 +452,18 @@ def run_conversation(
     """Execute one program over one conversation's questions.
 
     Runs in a worker process; the program's own code runs in a confined host it starts.
-    ``ticks``, when given, is a queue that receives the conversation id after each question.
+    ``ticks``, when given, is a queue that receives ``(conversation id, event)`` as the work
+    goes: ``window`` after each extraction window the task model answered, ``session`` after
+    each extracted session, ``indexing`` and ``indexed`` around indexing, ``restored`` when the
+    memory came from the stage store, ``question`` after each question
+    (:data:`evolve.executor.EVENTS`).
     Questions run on up to ``config.llm_concurrency`` threads, each host section in its turn
     (question order); a question that shares its plan key with an earlier one starts after
     that one has finished, so it finds the stage outputs a sequential run finds.
     """
     run = ConversationSession(source, path, config, conv)
+    if ticks is not None:
+        run.notify = lambda event: ticks.put((conv.id, event))
     run.embedder.stats.reset()
     turns = Turns()
     finished = [threading.Event() for _ in questions]
@@ -463,8 +476,7 @@ def run_conversation(
             if earlier < k:
                 finished[earlier].wait()
             trace = run.question(questions[k], turns.turn(k))
-            if ticks is not None:
-                ticks.put(conv.id)
+            run.notify("question")
             return trace
         finally:
             finished[k].set()
@@ -484,9 +496,9 @@ def run_conversation(
 def evaluator_version() -> str:
     """A digest of what the evaluator contributes to stage outputs: EVALUATOR_VERSION, the
     contract version, the prompt texts and extraction window (:func:`evolve.prompts.texts`),
-    the truncation rule and budget, the embedding model and the installed versions of
-    OUTPUT_LIBRARIES."""
+    the truncation rule and budget, the embedding model, its precision and the installed
+    versions of OUTPUT_LIBRARIES."""
     versions = library_versions(OUTPUT_LIBRARIES)
     parts = [EVALUATOR_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
-             Embedder.name, Embedder.dim, versions]  # fmt: skip
+             Embedder.name, Embedder.dim, versions, precision()]  # fmt: skip
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -6,7 +6,7 @@ import importlib.metadata
 import pickle
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +155,60 @@ def test_hashing_embedder_is_deterministic_and_normalised(tmp_path: Path) -> Non
     assert a.embed([]).shape == (0, 384)
     with pytest.raises(TypeError):
         a.embed("one string")
+
+
+@pytest.fixture
+def set_precision(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """``set_precision(name)``: PRISMEM_EMBED_PRECISION from then on (re-read); undone after."""
+
+    def choose(name: str) -> None:
+        monkeypatch.setenv("PRISMEM_EMBED_PRECISION", name)
+        embed.precision.cache_clear()
+
+    yield choose
+    monkeypatch.delenv("PRISMEM_EMBED_PRECISION", raising=False)
+    embed.precision.cache_clear()
+
+
+def test_the_precision_is_in_the_embedding_and_evaluator_versions(
+    set_precision: Callable[[str], None],
+) -> None:
+    from evolve.session import evaluator_version
+
+    versions = {}
+    for name in embed.PRECISIONS:
+        set_precision(name)
+        assert Embedder().precision == name
+        versions[name] = (embed.embedding_version(), evaluator_version())
+    assert versions["fp32"][0] != versions["bf16"][0]  # no fp32 vector serves a bf16 lookup
+    assert versions["fp32"][1] != versions["bf16"][1]  # nor a stage output made with one
+
+
+def test_a_bad_precision_setting_is_one_error_line(
+    set_precision: Callable[[str], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from evolve.cli.main import main
+
+    set_precision("int4")
+    assert main(["check", str(Path(__file__).parents[1] / "seeds" / "simple.py")]) == 2
+    err = capsys.readouterr().err
+    assert "PRISMEM_EMBED_PRECISION" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_bf16_vectors_stay_within_the_stated_tolerance_of_fp32(data_dir: Path) -> None:
+    """Real BEAM messages and 1,000-character blocks of them, the texts indexing and scoring
+    embed: every bf16 vector within BF16_TOLERANCE (1 - cosine) of the fp32 one."""
+    from evolve.datasets.benches import load_taskset
+
+    conv = load_taskset("beam", data_dir, "valid").conversations[0]
+    messages = [m.text() for _, m in conv.messages().values()][:48]
+    texts = messages + ["\n\n".join(messages[i : i + 6])[:1000] for i in range(0, 48, 6)]
+    vectors = {}
+    for name in embed.PRECISIONS:
+        embedder = Embedder()
+        embedder.precision = name
+        vectors[name] = embedder.embed(texts)
+    deviation = 1.0 - np.sum(vectors["fp32"] * vectors["bf16"], axis=1)
+    assert deviation.max() <= embed.BF16_TOLERANCE, deviation.max()
+    assert not np.array_equal(vectors["fp32"], vectors["bf16"])  # bf16 did run

@@ -333,3 +333,60 @@ def test_report_is_self_contained_and_renders(
     subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True,
                    timeout=120, check=True)  # fmt: skip
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_report_watch_rewrites_after_each_filed_candidate_until_the_run_is_finished(
+    uninterrupted: RunStore, tmp_path: Path
+):
+    """`evolve report --watch`: the page (reloading itself, still loading nothing) is rewritten
+    when a candidate is filed and not when nothing changed; once the run is finished a last
+    page without the reload is written and the watch returns."""
+    from evolve.evolution.report import watch
+
+    shutil.copytree(uninterrupted.root, tmp_path / "runs" / "whole")
+    store = RunStore.open(tmp_path / "runs", "whole")
+    state = store.load_state()
+    rounds = dict(state["rounds"])
+    store.save_state({**state, "rounds": {**rounds, "integration": rounds["integration"] - 1}})
+    page, pages, writes = tmp_path / "watch.html", [], []
+    seed = next(c for c in store.candidates() if c.stage == "seed")
+
+    def tick(seconds: float) -> None:
+        assert seconds == 7
+        pages.append(page.read_text())
+        if len(pages) == 2:  # a child is filed
+            pages.append(store.add_candidate(store.source(seed.id) + "\n# watched\n",
+                                             parents=[seed.id], stage="integration",
+                                             capability=None, message="watched").id)  # fmt: skip
+        elif len(pages) > 3:  # the round is done: the run is finished
+            store.save_state(state)
+
+    watch(store, page, 7, sleep=tick, on_write=writes.append)
+    first, child, after_child, last = pages[0], pages[2], pages[3], page.read_text()
+    assert writes == [False, False, True]  # the second look saw no change: no rewrite
+    assert '<meta http-equiv="refresh" content="7">' in first and child not in first
+    assert network_references(first) == [] and "<script" not in first
+    assert child in after_child and "refresh" in after_child
+    assert child in last and 'http-equiv="refresh"' not in last
+
+
+def test_report_watch_of_a_finished_run_and_ctrl_c(
+    uninterrupted: RunStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    runs, page = str(uninterrupted.root.parent), tmp_path / "r.html"
+    assert main(["report", "whole", "--runs-dir", runs, "--out", str(page), "--watch"]) == 0
+    assert "finished" in capsys.readouterr().err and "refresh" not in page.read_text()
+
+    shutil.copytree(uninterrupted.root, tmp_path / "runs" / "whole")
+    store = RunStore.open(tmp_path / "runs", "whole")
+    store.save_state({**store.load_state(), "rounds": {}})  # every round still to go
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("evolve.evolution.report.time.sleep", interrupt)
+    args = ["report", "whole", "--runs-dir", str(tmp_path / "runs"), "--out", str(page)]
+    assert main([*args, "--watch", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "stopped watching" in err and "Traceback" not in err
+    assert '<meta http-equiv="refresh" content="3">' in page.read_text()

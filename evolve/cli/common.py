@@ -1,7 +1,9 @@
 """What every ``evolve`` command shares: errors, consoles, progress, shared options, flag types.
 
 Owns :class:`UsageError` and :class:`Parser` (argparse errors become one ``error:`` line and
-exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar`, the shared
+exit status 2), the two consoles (:data:`err`, :data:`out`), :class:`ProgressBar` (a live bar
+on a terminal, else a plain line at least every ``PRISMEM_PROGRESS_SECONDS``), the check of
+the ``PRISMEM_*`` environment settings (:func:`check_settings`), the shared
 options of the commands that evaluate programs (:func:`add_run_options`) and the runs-dir
 default (:func:`add_runs_dir`), the LLM transport flags (:func:`llm_flags`), the argparse types
 of numeric flags (:data:`positive_int`, :data:`probability`, ...), program paths
@@ -21,19 +23,30 @@ import logging
 import math
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from evolve.datasets.benches import BENCHES
 from evolve.datasets.types import DataError
 from evolve.models import DAMAGE_LOG
 from evolve.models.llm import ModelConfig
 
+PLAIN_SECONDS = 30.0  # a plain progress line at least this often when stderr is no terminal
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the width
 out = Console(width=None if sys.stdout.isatty() else 160)  # piped tables are not cut at 80
 
@@ -224,26 +237,121 @@ def task_config(args: argparse.Namespace) -> ModelConfig | None:
     return model_flag(args.model, args.api_base, max_tokens=args.task_max_tokens)
 
 
+def progress_seconds() -> float:
+    """Seconds between two plain progress lines: ``PRISMEM_PROGRESS_SECONDS`` (default 30)."""
+    text = os.environ.get("PRISMEM_PROGRESS_SECONDS", "")
+    try:
+        value = float(text) if text else PLAIN_SECONDS
+    except ValueError:
+        value = 0.0
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"PRISMEM_PROGRESS_SECONDS must be a number > 0, got {text!r}")
+    return value
+
+
+def check_settings() -> None:
+    """Refuse a bad ``PRISMEM_*`` environment setting before any command starts (UsageError)."""
+    from evolve.models.embed import precision
+
+    progress_seconds()
+    try:
+        precision()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+@dataclass
+class _Row:
+    label: str
+    total: int
+    done: int = 0
+    description: str | None = None
+
+    def text(self) -> str:
+        what = f" ({self.description})" if self.description else ""
+        return f"{self.label} {self.done}/{self.total}{what}"
+
+
 class ProgressBar:
-    """A rich progress bar (or nothing), as a context manager yielding
-    ``advance(n, description=None)``."""
+    """Progress on stderr, as a context manager yielding ``advance(n, description=None)`` for
+    its first row; :meth:`row` adds (or replaces) another, e.g. the evaluation under a run's
+    rounds. On a terminal it is a live rich bar; elsewhere (a log file, a pipe) one plain line
+    with every row's counts and the elapsed time is printed at the start, then at least every
+    :func:`progress_seconds` (read here, so a bad setting fails before any work), before a row
+    is replaced, and at the end. Disabled, it prints nothing."""
 
     def __init__(self, total: int, enabled: bool, label: str = "evaluating") -> None:
         self.total, self.enabled, self.label = total, enabled, label
+        self.live = err.is_terminal
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
+        self.rows: dict[str, tuple[_Row, TaskID | None]] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.started, self.interval = time.monotonic(), progress_seconds()
+        self.printer: threading.Thread | None = None
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Advance:
         if not self.enabled:
-            return lambda n, description=None: None
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
+            return _no_progress
+        self.started = time.monotonic()
+        if self.live:
+            self.bar.start()
+        advance = self.row("main", self.label, self.total)
+        if not self.live:
+            self._print_line()
+            self.printer = threading.Thread(target=self._print_every, daemon=True)
+            self.printer.start()
+        return advance
+
+    def row(self, key: str, label: str, total: int) -> Advance:
+        """A row (replacing the row of the same ``key``) and its ``advance`` function."""
+        if not self.enabled:
+            return _no_progress
+        if key in self.rows and not self.live:
+            self._print_line()  # where the replaced row ended
+        with self.lock:
+            old = self.rows.pop(key, None)
+            if old is not None and old[1] is not None:
+                self.bar.remove_task(old[1])
+            item = _Row(label, total)
+            task = self.bar.add_task(label, total=total) if self.live else None
+            self.rows[key] = (item, task)
 
         def advance(n: int, description: str | None = None) -> None:
-            self.bar.update(task, advance=n, description=description or self.label)
+            with self.lock:
+                item.done += n
+                item.description = description or item.description
+                if task is not None:
+                    text = f"{label} · {description}" if description else label
+                    self.bar.update(task, advance=n, description=text)
 
         return advance
 
+    def _print_line(self) -> None:
+        with self.lock:
+            rows = " · ".join(item.text() for item, _ in self.rows.values())
+        elapsed = int(time.monotonic() - self.started)
+        err.print(f"[{elapsed // 60}:{elapsed % 60:02d}] {rows}", markup=False, highlight=False)
+
+    def _print_every(self) -> None:
+        while not self.stop.wait(self.interval):
+            self._print_line()
+
     def __exit__(self, *exc: object) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self.live:
             self.bar.stop()
+            return
+        self.stop.set()
+        if self.printer is not None:
+            self.printer.join()
+        self._print_line()
+
+
+Advance = Callable[..., None]  # advance(n, description=None)
+
+
+def _no_progress(n: int, description: str | None = None) -> None:
+    """The ``advance`` of a disabled progress display."""

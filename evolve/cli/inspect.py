@@ -2,9 +2,10 @@
 
 ``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
 ``freeze`` delegates to :mod:`evolve.evolution.freeze` (imported when it runs: it needs the
-evaluation engine, which the other commands do not load), ``export`` to
-:mod:`evolve.evolution.export`, ``report`` to :mod:`evolve.evolution.report`. Parsing and
-rendering live here; the data comes from :mod:`evolve.evolution.summary` and the run store.
+evaluation engine, which the other commands do not load), ``export`` to :mod:`~.export`,
+``report`` (``--watch``: kept current while a run goes) to :mod:`evolve.evolution.report`.
+Parsing and rendering live here; the data comes from :mod:`evolve.evolution.summary` and the
+run store.
 
 Invariants:
 
@@ -35,14 +36,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evolve.cli.common import (
-    ProgressBar,
-    UsageError,
-    add_runs_dir,
-    err,
-    out,
-    positive_int,
-)
+from evolve.cli.common import ProgressBar, UsageError, add_runs_dir, err, out, positive_int
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import export, summary
 from evolve.evolution.archive import fitness
@@ -110,6 +104,9 @@ def add_commands(sub: Any) -> None:
     report = command("report", "write a run's self-contained HTML report")
     report.add_argument("run", nargs="?", help="run id (default: newest)")
     report.add_argument("--out", type=Path, help="the HTML file (default: <run>/report.html)")
+    report.add_argument("--watch", type=positive_int, nargs="?", const=10, metavar="SECONDS",
+                        help="rewrite it as the run goes, looking every SECONDS (default 10; "
+                        "the page reloads itself) until the run is finished or Ctrl-C")  # fmt: skip
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -476,18 +473,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from evolve.evolution.report import render_html, report_data
+    from evolve.evolution.report import watch, write_report
 
     store = open_run(args.runs_dir, args.run)
-    data = report_data(store)
     target = args.out or store.root / "report.html"
     try:
-        target.write_text(render_html(data), encoding="utf-8")
+        if args.watch is None:
+            write_report(store, target)
+        else:  # a line per rewrite; the last one when the run is finished
+            err.print(f"watching run {store.run_id}: {escape(str(target))} (Ctrl-C stops)")
+            watch(store, target, args.watch, on_write=lambda done: err.print(
+                f"report {'of the finished run ' * done}rewritten", highlight=False))  # fmt: skip
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
-    if _emit(args, {"run": store.run_id, "report": str(target)}):
-        return 0
-    out.print(f"report of run {store.run_id} written to {escape(str(target))}")
+    except KeyboardInterrupt:
+        err.print(f"stopped watching; the report stays at {escape(str(target))}")
+    if not _emit(args, {"run": store.run_id, "report": str(target)}):
+        out.print(f"report of run {store.run_id} written to {escape(str(target))}")
     return 0
 
 

@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from evolve.cli import eval as eval_commands
 from evolve.cli import inspect, run
-from evolve.cli.common import Parser, UsageError, err, report_damage
+from evolve.cli.common import Parser, UsageError, check_settings, err, report_damage
 from evolve.config import ConfigError
 from evolve.datasets.types import DataError
 from evolve.models.llm import LLMError
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     report_damage()
     try:
         args = parser.parse_args(argv)
+        check_settings()
         return COMMANDS[args.command](args)
     except (UsageError, DataError, ConfigError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)

@@ -214,6 +214,7 @@ def _check_seed(seed: str) -> None:
     """Refuse a seed that fails the sandbox before a run is created for it (no run folder)."""
     from sandbox.check import check_program
 
+    err.print(f"checking seed {Path(seed).name} in the sandbox")  # progress from the first second
     report = check_program(read_program(Path(seed), "seed program"), seed)
     if not report.passed:
         raise UsageError(f"seed program {seed}: {report.repair_text()}")
@@ -247,6 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say_splits(config)
     if args.dry_run:
         return _dry_run(config)
+    bar = ProgressBar(sum(config.rounds.values()), not args.no_progress, "round")
     if not args.resume:
         _check_seed(config.seed_program)
         _check_tasks(config)
@@ -264,14 +266,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say_fitness(config)
     if args.resume:
         _say_unrecovered(store)
-    with ProgressBar(sum(config.rounds.values()), not args.no_progress, "round") as advance:
+    with bar as advance:
         done = [0]
 
         def progress(description: str, finished: int, total: int) -> None:
             advance(finished - done[0], description)
             done[0] = finished
 
-        evolution = Evolution(store, config, progress)
+        def eval_progress(slot: int, label: str, questions: int) -> Any:
+            return bar.row(f"evaluation {slot}", f"evaluating {label}: questions", questions)
+
+        evolution = Evolution(store, config, progress, eval_progress=eval_progress)
         try:
             best = evolution.run()
         except (EvalError, LLMError) as exc:

@@ -33,13 +33,16 @@ from evolve.distributed import JobBackend
 from evolve.evolution.archive import fitness, question_fitness
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, EvalReport, evaluate
+from evolve.executor import EvalError, EvalReport, ProgressFn, evaluate
 from evolve.models.llm import LLMClient
 from evolve.worker import WorkerConfig
 from sandbox.check import CheckedProgram, CheckReport, check_program
 
 JUDGED = ("evaluated", "rejected", "failed", "stopped")  # statuses never evaluated again
 Phase = list[tuple[str, TaskSet]]  # (name the scores are filed under, tasks)
+# (slot: which of the concurrent evaluations, label e.g. "c0003 train", its questions) -> the
+# progress function of that evaluation (a display row per slot)
+EvalProgress = Callable[[int, str, int], ProgressFn]
 
 
 def score_block(result: EvalReport) -> dict[str, Any]:
@@ -67,7 +70,8 @@ class _Job:
 class Evaluator:
     """Evaluates and files candidates of one run (see the module docstring). ``backend`` and
     ``tasks`` are the loop's (started / loaded on first use); ``after`` is called with the id
-    of each candidate filed ``evaluated``."""
+    of each candidate filed ``evaluated``; ``progress`` gives each evaluation of a split its
+    progress function (``evolve run``'s display)."""
 
     def __init__(
         self,
@@ -78,9 +82,11 @@ class Evaluator:
         backend: Callable[[], JobBackend],
         tasks: Callable[[str], TaskSet],
         after: Callable[[str], None],
+        progress: EvalProgress | None = None,
     ) -> None:
         self.store, self.config, self.worker, self.judge = store, config, worker, judge
         self.backend, self.tasks, self.after = backend, tasks, after
+        self.progress = progress
 
     def judge_all(
         self, children: list[tuple[CandidateMeta, CheckReport | None]], parent: CandidateMeta | None
@@ -152,7 +158,8 @@ class Evaluator:
             self.store.log_event("evaluating", candidate=job.candidate.id, phase=phase)
         backend = self.backend()
         with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="evaluate") as pool:
-            futures = {pool.submit(self._evaluate, job, splits, backend): job for job in jobs}
+            futures = {pool.submit(self._evaluate, job, splits, backend, slot): job
+                       for slot, job in enumerate(jobs)}  # fmt: skip
             for future in as_completed(futures):
                 job = futures[future]
                 try:
@@ -161,14 +168,18 @@ class Evaluator:
                     self._give_up(job.candidate, job.report, "failed", str(exc))
                     yield job, None
 
-    def _evaluate(self, job: _Job, splits: Phase, backend: JobBackend) -> dict[str, EvalReport]:
+    def _evaluate(
+        self, job: _Job, splits: Phase, backend: JobBackend, slot: int
+    ) -> dict[str, EvalReport]:
         results = {}
         for name, tasks in splits:
             # stage diagnostics steer cold start: computed for the seed and its revisions
             diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
             worker = dataclasses.replace(self.worker, diagnose=diagnose)
+            label = f"{job.candidate.id} {name}"
+            on_progress = self.progress and self.progress(slot, label, len(tasks.questions))
             results[name] = evaluate(job.program, tasks, worker, judge=self.judge,
-                                     backend=backend,
+                                     backend=backend, on_progress=on_progress,
                                      judge_variant=self.config.judge_variant)  # fmt: skip
         return results
 

@@ -41,7 +41,7 @@ from evolve.evolution.export import TEST_SPLIT
 from evolve.evolution.loop import task_set, worker_config
 from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, evaluate, write_run
+from evolve.executor import EvalError, ProgressFn, evaluate, write_run
 from evolve.models.clients import role_client
 from evolve.trace import first_error
 
@@ -64,8 +64,8 @@ class Frozen:
         return self.meta.scores[TEST_SPLIT]
 
 
-Progress = Callable[[int], AbstractContextManager[Callable[[int], None]]]
-"""Given the number of questions, a context manager yielding ``advance(n)`` (a progress bar)."""
+Progress = Callable[[int], AbstractContextManager[ProgressFn]]
+"""Given the number of questions, a context manager yielding ``advance(n, description)``."""
 
 
 def freeze(

@@ -63,7 +63,7 @@ from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
-from evolve.evolution.evaluator import Evaluator
+from evolve.evolution.evaluator import EvalProgress, Evaluator
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
@@ -160,6 +160,7 @@ class Evolution:
         config: RunConfig,
         progress: Progress | None = None,
         *,
+        eval_progress: EvalProgress | None = None,
         coder: LLMClient | None = None,
         annotator: LLMClient | None = None,
         judge: LLMClient | None = None,
@@ -187,7 +188,7 @@ class Evolution:
                                           **config.llm_limits())  # fmt: skip
         self.worker = worker_config(config, store.root, "evolve", script=task_script)
         self.evaluator = Evaluator(store, config, self.worker, self.judge, lambda: self.backend,
-                                   self.tasks, self.compare_routing)  # fmt: skip
+                                   self.tasks, self.compare_routing, eval_progress)  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
         self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
         self._labels: dict[str, Labels] | None = None

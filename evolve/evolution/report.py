@@ -1,7 +1,8 @@
 """The run report (``evolve report``): one self-contained HTML file that shows a whole run.
 
 Owns :func:`report_data` (everything the page shows, JSON-ready, derived from the run store and
-its call log) and :func:`render_html`.
+its call log), :func:`render_html`, :func:`write_report` and :func:`watch` (``evolve report
+--watch``: the page rewritten while a run goes, reloading itself, until the run is finished).
 
 Sections, each an ``<section id=...>``: ``summary``, ``matrix`` (capability × candidate valid
 fitness), ``lineage`` (the tree with each node's stage and target capability), ``progress``
@@ -9,7 +10,8 @@ fitness), ``lineage`` (the tree with each node's stage and target capability), `
 role/stage), ``cache`` (stage-cache hit rates of the evaluations) and ``integration`` (the
 specialists that went into each integrated program).
 
-Invariants: the page needs no network and no script — styles are inline, charts are inline SVG;
+Invariants: the page needs no network and no script — styles are inline, charts are inline SVG,
+a watched page reloads by a meta refresh and is replaced atomically;
 every text from the run (messages, ids, model names) is HTML-escaped by the template; nothing
 here writes to the run except the caller's output file. Figures a run did not record (stage
 counts of runs made before they were kept, a split a candidate never reached) show as "—".
@@ -17,7 +19,10 @@ counts of runs made before they were kept, a split a candidate never reached) sh
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment
@@ -28,7 +33,8 @@ from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.summary import fitness_mode, local_time, split_fitness
+from evolve.evolution.summary import fitness_mode, local_time, split_fitness, status
+from evolve.files import write_atomic
 from evolve.scoring import fmt_score
 
 TEMPLATE = "report.html.j2"  # beside this module
@@ -178,11 +184,47 @@ def _cell(value: float | None) -> Markup:
     return Markup(f'<td class="num" style="{style}">{fmt_score(value)}</td>')
 
 
-def render_html(data: dict[str, Any]) -> str:
-    """The report page for :func:`report_data`'s output (template ``report.html.j2``)."""
+def render_html(data: dict[str, Any], refresh: int | None = None) -> str:
+    """The report page for :func:`report_data`'s output (template ``report.html.j2``); with
+    ``refresh``, the page reloads itself every that many seconds (a meta refresh)."""
     env = Environment(autoescape=True, trim_blocks=True)
     env.filters["score"] = fmt_score
     env.filters["percent"] = lambda v: "—" if v is None else f"{100 * v:.1f} %"
     template = env.from_string(files(__package__).joinpath(TEMPLATE).read_text("utf-8"))
     return template.render(d=data, caps=CAPABILITIES, names=CAPABILITY_NAMES, cell=_cell,
-                           chart=_chart(data["progress"]))  # fmt: skip
+                           chart=_chart(data["progress"]), refresh=refresh)  # fmt: skip
+
+
+def write_report(store: RunStore, target: Path, refresh: int | None = None) -> None:
+    """Render the run's report into ``target``, atomically (a reloading browser never reads
+    half a page); OSError when it cannot be written."""
+    write_atomic(target, render_html(report_data(store), refresh).encode("utf-8"), mode=0o644)
+
+
+def watch(
+    store: RunStore,
+    target: Path,
+    seconds: int,
+    *,
+    sleep: Callable[[float], None] | None = None,
+    on_write: Callable[[bool], None] = lambda finished: None,
+) -> None:
+    """Keep ``target`` current while the run goes: every ``seconds`` look at the run and
+    rewrite the page when a candidate was filed or changed status, or the round counters moved
+    (``on_write(False)``), the page reloading itself as often; return once the run is finished
+    or stopped at a cap (:func:`evolve.evolution.summary.status`), after a last page without
+    the reload (``on_write(True)``). A run that died stays watched until the caller stops it
+    (Ctrl-C)."""
+    last: tuple[Any, ...] | None = None
+    while True:
+        now = status(store)
+        seen = tuple((c.id, c.status) for c in store.candidates())
+        state = (seen, now["stage"], now["round"], now["stopped"])
+        finished = now["stage"] == "finished" or now["stopped"] is not None
+        if finished or state != last:
+            write_report(store, target, None if finished else seconds)
+            on_write(finished)
+            last = state
+        if finished:
+            return
+        (sleep or time.sleep)(seconds)

