@@ -28,6 +28,9 @@ HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
 RENDER = 'return f"[{unit.date}] {unit.content}" if DATE_PREFIX and unit.date else unit.content'
 PACK = "return pack([self._render(i) for i in self._with_neighbours(hits)], OUT_CHAR_BUDGET)"
 JOIN = 'return "\\n\\n".join(self._render(i) for i in self._with_neighbours(hits))'
+REVERSED = JOIN.replace(
+    "in self._with_neighbours(hits)", "in reversed(self._with_neighbours(hits))"
+)
 BUDGET = 16000
 
 
@@ -70,7 +73,7 @@ def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_i
         "styled",  # an id / session header line, a role and a bullet, in reverse order
         (RENDER, 'return f"(session {self.sessions[i]} · msg {i} · {unit.date})\\n'
                  '- {unit.role}: {unit.content}"'),
-        (JOIN, JOIN.replace("self._with_neighbours(hits)", "reversed(self._with_neighbours(hits))")),
+        (JOIN, REVERSED),
     )  # fmt: skip
     more = program(
         tmp_path, "more", ("TOP_K = 3", "TOP_K = 5"), ("DATE_PREFIX = True", "DATE_PREFIX = False")

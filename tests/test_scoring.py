@@ -323,5 +323,6 @@ def test_a_score_prints_alike_in_tables_the_run_report_and_the_coders_prompt() -
     assert fmt_score(value) == f"{value:.3f}" and fmt_score(None) == "—"
     row = {**dict.fromkeys(METRICS, value), "n": 3}
     table = _score_table({"train": {"overall": row, "by_capability": {}}}, "train")
-    assert table.splitlines()[2] == f"| overall | 3 | {' | '.join([fmt_score(value)] * len(METRICS))} |"
+    cells = " | ".join([fmt_score(value)] * len(METRICS))
+    assert table.splitlines()[2] == f"| overall | 3 | {cells} |"
     assert f">{fmt_score(value)}<" in _cell(value)

@@ -145,7 +145,7 @@ def semantic_credit(cosine: float) -> float:
 
 
 @dataclass(frozen=True)
-class _Measured:
+class Measured:
     """One pair: per evidence message that has tokens, whether it is contained and its max
     cosine to the retrieved text's windows."""
 
@@ -175,7 +175,7 @@ class CoverageScorer:
         self.embedder = embedder
         self.hit_threshold = hit_threshold
 
-    def _measure(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[_Measured]:
+    def measure(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[Measured]:
         """Containment per evidence message, and one embedding call for every content view and
         window involved (equal texts are embedded once, and cached across calls)."""
         rows: list[tuple[list[bool], list[str], list[str]]] = []
@@ -194,25 +194,25 @@ class CoverageScorer:
             ev = vectors[[index[t] for t in views]]
             win = vectors[[index[t] for t in wins]]
             best = (ev @ win.T).max(axis=1) if len(wins) and len(views) else np.zeros(len(views))
-            out.append(_Measured(flags, [float(x) for x in best]))
+            out.append(Measured(flags, [float(x) for x in best]))
         return out
 
     def credits(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[list[float]]:
         """Per pair, the credit of each evidence message that has tokens (in order)."""
-        return [m.credits() for m in self._measure(pairs)]
+        return [m.credits() for m in self.measure(pairs)]
 
     def coverage(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[dict[str, Any]]:
         """Per pair: ``evidence_coverage`` (mean credit), ``evidence_contained`` (share with a
         containment hit), ``evidence_similarity`` (mean max cosine), ``evidence_hit_rate``
         (share at cosine ≥ the hit threshold), each None without evidence, and
         ``fitness_version``."""
-        return [self._summary(m) for m in self._measure(pairs)]
+        return [self._summary(m) for m in self.measure(pairs)]
 
     def score(self, items: Sequence[ScoreInput]) -> list[dict[str, Any]]:
         """:meth:`coverage` for the offline scorer's inputs."""
         return self.coverage([(item.evidence, item.retrieved) for item in items])
 
-    def _summary(self, m: _Measured) -> dict[str, Any]:
+    def _summary(self, m: Measured) -> dict[str, Any]:
         if not m.contained:
             return {**dict.fromkeys(METRICS), "fitness_version": FITNESS_VERSION}
         cosines = np.array(m.cosines)
