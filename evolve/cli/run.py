@@ -290,8 +290,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
         sim, hit = fmt_score(v["evidence_similarity"]), fmt_score(v["evidence_hit_rate"])
-        out.print(f"{label} {meta.id}: valid fitness {fmt_score(fitness(v))} "
-                  f"(similarity {sim}, hit rate {hit})")  # fmt: skip
+        out.print(f"{label} {meta.id}: valid fitness {fmt_score(fitness(v))} of a possible "
+                  f"{fmt_score(v.get('ceiling'))} (similarity {sim}, hit rate {hit})")  # fmt: skip
     spend = read_spend(store.root).total
     if spend.calls:
         out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"
