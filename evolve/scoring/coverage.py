@@ -144,6 +144,15 @@ def semantic_credit(cosine: float) -> float:
     return SEMANTIC_CAP * min(max(ramp, 0.0), 1.0)
 
 
+def _max_cosine(vector: np.ndarray, windows: np.ndarray) -> float:
+    """The max cosine of one unit vector to rows of unit vectors, computed row by row in float64
+    (exact products, a fixed summation order): a matrix product's rounding depends on the
+    matrix's shape, and adding a window must never lower another window's cosine."""
+    if not len(windows):
+        return 0.0
+    return float((windows * vector.astype(np.float64)).sum(axis=1).max())
+
+
 @dataclass(frozen=True)
 class Measured:
     """One pair: per evidence message that has tokens, whether it is contained and its max
@@ -191,10 +200,9 @@ class CoverageScorer:
         vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
         out = []
         for flags, views, wins in rows:
-            ev = vectors[[index[t] for t in views]]
-            win = vectors[[index[t] for t in wins]]
-            best = (ev @ win.T).max(axis=1) if len(wins) and len(views) else np.zeros(len(views))
-            out.append(Measured(flags, [float(x) for x in best]))
+            win = vectors[[index[t] for t in wins]].astype(np.float64)
+            best = [_max_cosine(vectors[index[t]], win) for t in views]
+            out.append(Measured(flags, best))
         return out
 
     def credits(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[list[float]]:
