@@ -25,12 +25,10 @@ from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
-RENDER = 'return f"[{unit.date}] {unit.content}" if DATE_PREFIX and unit.date else unit.content'
-PACK = "return pack([self._render(i) for i in self._with_neighbours(hits)], OUT_CHAR_BUDGET)"
-JOIN = 'return "\\n\\n".join(self._render(i) for i in self._with_neighbours(hits))'
-REVERSED = JOIN.replace(
-    "in self._with_neighbours(hits)", "in reversed(self._with_neighbours(hits))"
-)
+RENDER = 'return f"[{unit.date}] {text}" if DATE_PREFIX and unit.date else text'
+FIT = "kept = fit(blocks, OUT_CHAR_BUDGET)"
+ALL = "kept = list(range(len(blocks)))"  # every block, in relevance order
+REVERSED = "kept = list(range(len(blocks)))[::-1]"
 BUDGET = 16000
 
 
@@ -48,7 +46,8 @@ def tasks(data_dir: Path) -> TaskSet:
 def program(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
     """The hybrid seed keeping its top 3 units, all of them (no greedy packing, so the same
     units are kept in every format), with ``edits``."""
-    source = HYBRID.replace("TOP_K = 80", "TOP_K = 3").replace(PACK, JOIN)
+    assert FIT in HYBRID and "TOP_K = 80" in HYBRID
+    source = HYBRID.replace("TOP_K = 80", "TOP_K = 3").replace(FIT, ALL)
     for old, new in edits:
         assert old in source, old
         source = source.replace(old, new)
@@ -72,8 +71,8 @@ def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_i
         tmp_path,
         "styled",  # an id / session header line, a role and a bullet, in reverse order
         (RENDER, 'return f"(session {self.sessions[i]} · msg {i} · {unit.date})\\n'
-                 '- {unit.role}: {unit.content}"'),
-        (JOIN, REVERSED),
+                 '- {unit.role}: {text}"'),
+        (ALL, REVERSED),
     )  # fmt: skip
     more = program(
         tmp_path, "more", ("TOP_K = 3", "TOP_K = 5"), ("DATE_PREFIX = True", "DATE_PREFIX = False")
