@@ -4,7 +4,8 @@ Owns :data:`REFERENCE_PROGRAMS` and :func:`compare_programs`. Each program is ev
 :func:`evolve.executor.evaluate` exactly as ``evolve eval`` would (same sandbox check, same
 stage reuse, same scoring); the comparison adds what a user weighs against the scores: the
 context a program hands to the answer model (characters and estimated tokens per question) and
-how long ``retrieve()`` takes.
+how long ``retrieve()`` takes, and the coverage ceiling of the split (the same for every
+program: the gold evidence packed into the budget).
 
 Invariants: every program sees the same task set and configuration; retrieval latency is the
 wall time of the host's ``retrieve`` call for each question (indexing excluded), recorded when
@@ -25,6 +26,7 @@ from evolve.evolution.archive import fitness
 from evolve.executor import ProgressFn, evaluate
 from evolve.models.llm import LLMClient
 from evolve.resources import seed_file
+from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.fitness import Variant, retrieval_fitness
 from evolve.worker import WorkerConfig
 
@@ -53,7 +55,7 @@ def compare_programs(
     judge_variant: Variant = "described",
 ) -> list[dict[str, Any]]:
     """One row per program: fitness (the mode's) overall and per capability, the retrieval
-    fitness, similarity and hit rate as diagnostics, context
+    fitness (evidence coverage) beside its ceiling, similarity and hit rate as diagnostics, context
     size and retrieval latency (p50/p95 ms), plus the full report's scores."""
     rows = []
     for path in paths:
@@ -68,6 +70,7 @@ def compare_programs(
             "fitness": fitness(overall),
             "fitness_mode": report.meta["fitness"],
             "retrieval_fitness": retrieval_fitness(overall),
+            "ceiling": overall.get(CEILING_KEY),
             "by_capability": {c: fitness(report.scores["by_capability"].get(c))
                               for c in CAPABILITIES if c in report.scores["by_capability"]},
             "evidence_similarity": overall.get("evidence_similarity"),

@@ -5,7 +5,8 @@ each conversation is a job for :func:`evolve.session.run_conversation` on a back
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
 model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
 stage store; the executor sums their counters, scores every question here with
-:mod:`evolve.scoring.offline` and, when the task model answered, with the benchmark's answer
+:mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.offline` (the
+diagnostics beside it) and, when the task model answered, with the benchmark's answer
 scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent) — scoring code
 never shares a process with a candidate — and writes per-question traces.
 
@@ -19,7 +20,11 @@ Invariants:
 - The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
 - Every question's trace scores, and so every aggregate block, carry the fitness of the
   evaluation's mode (:mod:`evolve.scoring.fitness`) under ``fitness``; ``meta.fitness`` names
-  the mode and its version.
+  the mode and its versions (the mode's and the coverage scorer's).
+- Every question's trace scores, and so every aggregate block, carry the coverage ceiling of
+  its questions under ``ceiling`` (:mod:`evolve.scoring.ceiling`: the gold evidence packed
+  into the budget, cached per task set); ``meta.ceiling`` holds the overall one. A failed
+  question keeps its ceiling.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
 - Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
@@ -53,7 +58,10 @@ from evolve.distributed import JobBackend, die_with_parent, make_backend
 from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.usage import by_role
+from evolve.scoring import coverage
 from evolve.scoring.answers import AnswerScorer, Judged, make_scorer
+from evolve.scoring.ceiling import KEY as CEILING_KEY
+from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
@@ -157,18 +165,16 @@ def evaluate(
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
     by_id = {q.id: q for q in tasks.questions}
+    evidence = _evidence(tasks)
+    ceilings = question_ceilings(evidence, embedder, Path(config.cache_dir))
     traces: list[QuestionTrace] = []
     for conv in tasks.conversations:
         result = results[conv.id]
-        messages = conv.messages()
-        items = []
-        for trace in result.traces:
-            q = by_id[trace.id]
-            evidence = [messages[e][1].text() for e in q.evidence_ids if e in messages]
-            items.append(ScoreInput(q, evidence, trace.retrieved_text))
+        items = [ScoreInput(by_id[t.id], evidence[t.id], t.retrieved_text) for t in result.traces]
         for trace, item, scores in zip(result.traces, items, scorer.score(items), strict=True):
             if trace.error:  # a failed question scores 0 wherever it has a metric
                 scores = {m: (0.0 if v is not None else None) for m, v in scores.items()}
+            scores[CEILING_KEY] = ceilings[trace.id]  # what it could have scored, failed or not
             trace.ability, trace.capability = item.question.ability, item.question.capability
             trace.question, trace.scores = item.question.question, scores
             traces.append(trace)
@@ -176,7 +182,7 @@ def evaluate(
     answers = make_scorer(tasks.bench, judge)
     judged = answers.describe()["judge"] is not None
     fit = choose(tasks.bench, None if config.offline else config.task_model, judged, judge_variant)
-    metrics = [FITNESS_KEY, *METRICS]
+    metrics = [FITNESS_KEY, CEILING_KEY, *METRICS]
     usage = [u for r in results.values() for u in r.usage]
     judged_before = len(judge.records) if judge is not None else 0
     judging = time.perf_counter()
@@ -217,6 +223,11 @@ def evaluate(
             },  # fmt: skip
             "judge": answers.describe(),
             "fitness": fit.describe(),
+            "ceiling": {
+                "fitness_version": coverage.FITNESS_VERSION,
+                "budget": coverage.BUDGET,
+                "overall": summary["overall"][CEILING_KEY],
+            },  # fmt: skip
             "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
             "errors": sum(1 for t in traces if t.error),
@@ -229,6 +240,17 @@ def evaluate(
         work=_sum_work(results.values()),
         traces=traces,
     )
+
+
+def _evidence(tasks: TaskSet) -> dict[str, list[str]]:
+    """Question id → the texts of its evidence messages, as the scorers read them."""
+    out: dict[str, list[str]] = {}
+    by_conv = tasks.by_conversation()
+    for conv in tasks.conversations:
+        messages = conv.messages()
+        for q in by_conv[conv.id]:
+            out[q.id] = [messages[e][1].text() for e in q.evidence_ids if e in messages]
+    return out
 
 
 def check_evaluable(tasks: TaskSet) -> None:

@@ -59,6 +59,11 @@ def test_eval_json_report(one_conv: Path, tmp_path: Path, capsys: pytest.Capture
     assert set(report["scores"]["by_capability"]) == {"F", "T", "P", "M", "A"}
     assert len(report["scores"]["by_type"]) == 10
     assert 0.0 < report["scores"]["overall"]["evidence_similarity"] <= 1.0
+    overall = report["scores"]["overall"]  # coverage beside its ceiling, in every block
+    assert overall["fitness"] == overall["evidence_coverage"] <= overall["ceiling"] <= 1.0
+    assert meta["ceiling"]["overall"] == overall["ceiling"] and meta["ceiling"]["budget"] == 16_000
+    assert all("ceiling" in b for b in report["scores"]["by_capability"].values())
+    assert meta["fitness"]["coverage"] == meta["ceiling"]["fitness_version"]
     assert report["stages"]["retrieve"]["computed"] == 20
     assert report["usage"] == {}
     lines = Path(meta["traces"]).read_text().splitlines()
@@ -266,6 +271,13 @@ def test_compare_prints_programs_side_by_side(
         assert 0 < r["context_chars"] <= 16_000 and r["context_tokens"] == r["context_chars"] / 4
         assert set(r["by_capability"]) == {"F", "T", "P", "M", "A"}
     assert rows[0]["fitness"] != rows[1]["fitness"]
+    assert rows[0]["ceiling"] == rows[1]["ceiling"]  # the split's, the same for every program
+    assert all(r["fitness"] <= r["ceiling"] <= 1.0 for r in rows)
+    code, out, _ = run_cli(
+        capsys, "compare", DENSE, "--split", "all", "--data-dir", str(one_conv), "--embedder",
+        "hashing", "--jobs", "1", "--cache-dir", str(tmp_path / "c"), "--no-progress",
+    )  # fmt: skip
+    assert code == 0 and "ceiling" in out and f"{rows[0]['ceiling']:.3f}" in out
     code, _, err = run_cli(capsys, "compare", "missing.py", "--data-dir", str(one_conv))
     assert code == 2 and "program file missing.py not found" in err
 

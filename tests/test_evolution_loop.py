@@ -318,6 +318,10 @@ def test_report_is_self_contained_and_renders(
     assert cache.count(" %</td>") == 4 and "<td>answer</td>" in cache
     for c in uninterrupted.candidates():
         assert c.id in html[html.index('<section id="lineage">') :]
+    matrix = html[html.index('<section id="matrix">') : html.index('<section id="lineage">')]
+    seed = next(c for c in uninterrupted.candidates() if c.stage == "seed")
+    top = seed.scores["valid"]["overall"]["ceiling"]  # the split's ceiling, beside every score
+    assert '<tr id="ceiling"' in matrix and f">{top:.3f}<" in matrix
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

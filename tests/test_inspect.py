@@ -97,8 +97,10 @@ def test_status_reports_stage_best_specialists_and_spend(
     valid = best.scores["valid"]["overall"]
     assert status["best"] == {"id": best.id, "fitness": pytest.approx(fitness(valid)),
                               "retrieval_fitness": pytest.approx(retrieval_fitness(valid)),
+                              "ceiling": valid["ceiling"],
                               "similarity": valid["evidence_similarity"],
                               "hit_rate": valid["evidence_hit_rate"]}  # fmt: skip
+    assert 0.0 < valid["ceiling"] <= 1.0 and valid["ceiling"] >= valid["evidence_coverage"]
     assert status["fitness"]["name"] == "retrieval"  # offline
     assert fitness(valid) == pytest.approx(retrieval_fitness(valid))  # same definition offline
     kept = specialists(candidates)

@@ -2,7 +2,7 @@
 
 One BEAM-100K validation conversation, offline mode, all-MiniLM-L6-v2. The simple seed returns
 the start of the history whatever the question; dense and hybrid rank by the question, so they
-must retrieve more of the gold evidence (similarity and hit rate).
+must retrieve more of the gold evidence (coverage, the fitness; similarity and hit rate).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def scores(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 @pytest.mark.parametrize("seed", ["dense", "hybrid"])
-@pytest.mark.parametrize("metric", ["evidence_similarity", "evidence_hit_rate"])
+@pytest.mark.parametrize(
+    "metric", ["evidence_coverage", "evidence_similarity", "evidence_hit_rate"]
+)
 def test_ranked_seed_beats_simple(scores: dict[str, dict], seed: str, metric: str):
     assert scores[seed][metric] > scores["simple"][metric], scores

@@ -160,6 +160,8 @@ def test_question_without_evidence_all_none(scorer: OfflineScorer) -> None:
 def test_empty_retrieved_text(scorer: OfflineScorer) -> None:
     [result] = scorer.score([ScoreInput(_question(), [EVIDENCE], "")])
     assert result == {
+        "evidence_coverage": 0.0,
+        "evidence_contained": 0.0,
         "evidence_similarity": 0.0,
         "evidence_hit_rate": 0.0,
         "evidence_recall": 0.0,
@@ -228,6 +230,8 @@ def test_batch_matches_single_items(scorer: OfflineScorer) -> None:
 
 def _scores(sim: float | None, hit: float | None, rec: float | None, ans: float | None) -> dict:
     return {
+        "evidence_coverage": hit,  # the aggregate treats every metric alike
+        "evidence_contained": hit,
         "evidence_similarity": sim,
         "evidence_hit_rate": hit,
         "evidence_recall": rec,
@@ -319,5 +323,6 @@ def test_a_score_prints_alike_in_tables_the_run_report_and_the_coders_prompt() -
     assert fmt_score(value) == f"{value:.3f}" and fmt_score(None) == "—"
     row = {**dict.fromkeys(METRICS, value), "n": 3}
     table = _score_table({"train": {"overall": row, "by_capability": {}}}, "train")
-    assert table.splitlines()[2] == f"| overall | 3 | {' | '.join([fmt_score(value)] * 4)} |"
+    cells = " | ".join([fmt_score(value)] * len(METRICS))
+    assert table.splitlines()[2] == f"| overall | 3 | {cells} |"
     assert f">{fmt_score(value)}<" in _cell(value)

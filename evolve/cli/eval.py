@@ -217,14 +217,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
                   f"{mode['name']} = {mode['definition']} · tokens ≈ characters / "
                   f"{CHARS_PER_TOKEN}")  # fmt: skip
-    for column in ("program", "fitness", *caps, "retrieval fitness", "similarity", "hit rate",
-                   "ctx chars", "ctx tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
+    for column in ("program", "fitness", *caps, "retrieval fitness", "ceiling", "similarity",
+                   "hit rate", "ctx chars", "ctx tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
         table.add_column(column, justify="left" if column == "program" else "right")
     for r in rows:
         table.add_row(
             Path(r["program"]).stem, fmt_score(r["fitness"]),
             *(fmt_score(r["by_capability"].get(c)) for c in caps),
-            fmt_score(r["retrieval_fitness"]),
+            fmt_score(r["retrieval_fitness"]), fmt_score(r["ceiling"]),
             fmt_score(r["evidence_similarity"]), fmt_score(r["evidence_hit_rate"]),
             _num(r["context_chars"]), _num(r["context_tokens"]),
             _num(r["retrieve_ms_p50"], 1), _num(r["retrieve_ms_p95"], 1),
@@ -303,6 +303,12 @@ def _headline(block: dict[str, Any], prefix: str = "") -> list[str]:
     return lines
 
 
+def ceiling_line(overall: dict[str, Any]) -> str:
+    """``coverage 0.71 of a possible 0.93``: the evidence coverage beside its ceiling."""
+    covered, top = fmt_score(overall.get("evidence_coverage")), fmt_score(overall.get("ceiling"))
+    return f"coverage {covered} of a possible {top} (the gold evidence packed into the budget)"
+
+
 def _print_report(report: dict[str, Any]) -> None:
     meta, scores = report["meta"], report["scores"]
     out.print(f"[bold]{meta['mode']}[/] · {meta['bench']} {meta['split']} · "
@@ -319,7 +325,9 @@ def _print_report(report: dict[str, Any]) -> None:
     if meta["mode"] != "offline: retrieval-only":
         out.print(f"judge: {meta['judge']['judge'] or 'none'} — {meta['judge']['note']}")
     fit = meta.get("fitness") or {}
-    out.print(f"fitness {fit.get('name')} v{fit.get('version')}: {fit.get('definition')}")
+    out.print(f"fitness {fit.get('name')} v{fit.get('version')} ({fit.get('coverage')}): "
+              f"{fit.get('definition')}")  # fmt: skip
+    out.print(ceiling_line(scores["overall"]))
     stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
                        + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
                        for s, c in report["stages"].items())  # fmt: skip

@@ -207,12 +207,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status["stopped"]:
         out.print(f"[bold yellow]stopped:[/] {escape(status['stopped'])}", highlight=False)
     mode = status["fitness"]
-    out.print(f"fitness: {mode['name']} (version {mode['version'] or 'unrecorded'})")
+    out.print(f"fitness: {mode['name']} (version {mode['version'] or 'unrecorded'}, "
+              f"{mode.get('coverage') or 'coverage unrecorded'})")  # fmt: skip
     best = status["best"]
     if best:
         out.print(
             f"best overall: {best['id']} valid fitness {fmt_score(best['fitness'])} (retrieval "
-            f"fitness {fmt_score(best['retrieval_fitness'])}, similarity "
+            f"fitness {fmt_score(best['retrieval_fitness'])} of a possible "
+            f"{fmt_score(best['ceiling'])}, similarity "
             f"{fmt_score(best['similarity'])}, hit rate {fmt_score(best['hit_rate'])})"
         )
     if status.get("diagnostics"):

@@ -45,6 +45,7 @@ from evolve.evolution.store import RunNotFound, RunStore
 from evolve.models.llm import LLMError
 from evolve.resources import seed_file
 from evolve.scoring import fmt_score
+from evolve.scoring.fitness import mismatch
 
 
 def add_command(sub: Any) -> None:
@@ -169,7 +170,11 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     }
     caps.update(llm_flags(args))  # transport limits: a resumption may change them too
     if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
-        config = stored_config(_open_run(args)[1], args.resume)
+        manifest = _open_run(args)[1]
+        config = stored_config(manifest, args.resume)
+        why = mismatch(manifest.get("fitness"), config.fitness().describe())
+        if why:  # its stored scores and new ones would be mixed in one archive
+            raise UsageError(f"run {args.resume} cannot be resumed: {why} (start a new run)")
         if args.bench is not None and args.bench != config.bench:
             raise UsageError(f"run {args.resume} evolves on {config.bench}; --bench {args.bench} "
                              "cannot change that (start a new run for another bench)")  # fmt: skip
@@ -285,8 +290,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for label, meta in (("seed", seed_meta), ("best", best)):
         v = meta.scores["valid"]["overall"]
         sim, hit = fmt_score(v["evidence_similarity"]), fmt_score(v["evidence_hit_rate"])
-        out.print(f"{label} {meta.id}: valid fitness {fmt_score(fitness(v))} "
-                  f"(similarity {sim}, hit rate {hit})")  # fmt: skip
+        out.print(f"{label} {meta.id}: valid fitness {fmt_score(fitness(v))} of a possible "
+                  f"{fmt_score(v.get('ceiling'))} (similarity {sim}, hit rate {hit})")  # fmt: skip
     spend = read_spend(store.root).total
     if spend.calls:
         out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"

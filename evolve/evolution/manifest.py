@@ -4,7 +4,8 @@ Owns :func:`build_manifest` and :func:`data_hashes`. The manifest records the be
 split each of train and valid reads (:func:`evolve.datasets.benches.run_split`) and the bench's
 split file (with sha256), the sha256 of every data file the run's train and valid splits read,
 the seed program's path and sha256, the model configurations per role and the embedder, the run
-config (rounds, caps, jobs, rng seed), the fitness it selects on (name and version), the
+config (rounds, caps, jobs, rng seed), the fitness it selects on (name, version and the
+coverage scorer's version: a resume under another is refused), the
 versions of Python and of the packages that shape results, and the platform.
 
 Invariants: only the train and valid splits are hashed — the run never opens the test split's

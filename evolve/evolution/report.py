@@ -33,7 +33,13 @@ from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import read_spend
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.summary import fitness_mode, local_time, split_fitness, status
+from evolve.evolution.summary import (
+    fitness_mode,
+    local_time,
+    split_ceiling,
+    split_fitness,
+    status,
+)
 from evolve.files import write_atomic
 from evolve.scoring import fmt_score
 
@@ -61,6 +67,7 @@ def report_data(store: RunStore) -> dict[str, Any]:
         "created": local_time(store.manifest.get("created")),
         "config": store.manifest.get("config", {}),
         "fitness": fitness_mode(store.manifest),
+        "ceiling": _ceiling(candidates),
         "best": kept.best.id if kept.best else None,
         "specialists": {cap: m.id for cap, m in kept.specialists.items()},
         "matrix": matrix,
@@ -76,6 +83,16 @@ def report_data(store: RunStore) -> dict[str, Any]:
             for c in candidates if c.stage == "integration"
         ],
     }  # fmt: skip
+
+
+def _ceiling(candidates: list[CandidateMeta]) -> dict[str, float | None] | None:
+    """The valid coverage ceiling overall and per capability (the same for every candidate of a
+    run: the seed's record), shown as the matrix's first row; None before any has one."""
+    for c in candidates:
+        if split_ceiling(c) is not None:
+            return {"overall": split_ceiling(c),
+                    **{cap: split_ceiling(c, cap=cap) for cap in CAPABILITIES}}  # fmt: skip
+    return None
 
 
 def _lineage(candidates: list[CandidateMeta]) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own 
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
 always :func:`~evolve.evolution.archive.fitness` (the loop's selection signal: the run's fitness
 mode, :func:`fitness_mode`) and ``None`` where a candidate has no score on that split; the
-retrieval fitness, similarity and hit rate stay beside it as diagnostics.
+retrieval fitness (evidence coverage) with its ceiling (:func:`split_ceiling`: the gold
+evidence packed into the budget), similarity and hit rate stay beside it as diagnostics.
 Damaged candidates are left out as the store leaves them out (an ancestor that does not load
 ends its branch). :func:`evaluation` describes an ``evolve eval`` folder.
 """
@@ -27,6 +28,7 @@ from evolve.evolution.cascade import saved_seconds
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
 from evolve.models import damaged, why
 from evolve.scoring import fmt_score
+from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.fitness import mode_of, retrieval_fitness
 
 
@@ -35,12 +37,13 @@ def local_time(ts: float | None) -> str | None:
 
 
 def scores(block: dict[str, Any] | None) -> dict[str, float | None]:
-    """Fitness (the run's mode), retrieval fitness, evidence similarity and hit rate of one score
-    block (None where missing)."""
+    """Fitness (the run's mode), retrieval fitness (evidence coverage) and its ceiling, evidence
+    similarity and hit rate of one score block (None where missing)."""
     block = block or {}
     return {
         "fitness": fitness(block) if block else None,
         "retrieval_fitness": retrieval_fitness(block) if block else None,
+        "ceiling": block.get(CEILING_KEY),
         "similarity": block.get("evidence_similarity"),
         "hit_rate": block.get("evidence_hit_rate"),
     }
@@ -61,6 +64,18 @@ def split_fitness(
         return None
     part = block["overall"] if cap is None else block["by_capability"].get(cap)
     return None if part is None else fitness(part)
+
+
+def split_ceiling(
+    meta: CandidateMeta, split: str = "valid", cap: str | None = None
+) -> float | None:
+    """The coverage ceiling of a split (overall or one capability) as the candidate's
+    evaluation recorded it; None where it was not scored there or before ceilings were kept."""
+    part = (meta.scores.get(split) or {}).get("overall" if cap is None else "by_capability")
+    if cap is not None:
+        part = (part or {}).get(cap)
+    value = (part or {}).get(CEILING_KEY)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def ancestry(store: RunStore, candidate_id: str) -> list[CandidateMeta]:

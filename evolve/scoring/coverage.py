@@ -1,7 +1,10 @@
 """Evidence coverage: the offline fitness that measures whether the evidence reached the context.
 
-Owns :func:`evidence_coverage`, :class:`CoverageScorer`, :func:`ceiling` and
-:data:`FITNESS_VERSION` (issue 14 §1; the later metrics of design §4 build on it).
+Owns :func:`evidence_coverage`, :class:`CoverageScorer`, :class:`ScoreInput`, :func:`ceiling`
+and :data:`FITNESS_VERSION` (issue 14 §1): the retrieval fitness (:mod:`.fitness`) and the
+embedding diagnostics beside it, ``evidence_similarity`` (mean over the evidence of the max
+cosine of its content view to R's windows) and ``evidence_hit_rate`` (share at cosine ≥
+:data:`HIT_THRESHOLD`), which read the same vectors and so cost nothing more.
 
 Definition. Both texts are read as **token streams**: case-folded, every run of characters that
 are not letters or digits (punctuation, markup, bullets, separators, whitespace) is one break,
@@ -35,8 +38,8 @@ Invariants (tests/test_coverage.py):
   context of the same budget beats it there.
 
 Containment costs O(|R|) per evidence (a sliding multiset count, skipped when a substring test
-or a token-count bound already decides); the embedder is called once per batch, and only for
-evidence that containment did not decide.
+or a token-count bound already decides); the embedder is called once per batch, on each
+distinct content view and window once (the diagnostics need every evidence's cosine).
 """
 
 from __future__ import annotations
@@ -50,14 +53,22 @@ from typing import Any
 
 import numpy as np
 
+from evolve.datasets.types import Question
 from evolve.models.embed import Embedder
-from evolve.scoring.offline import ScoreInput
 
-FITNESS_VERSION = "coverage-1"  # bump whenever a credit can change for the same texts
-METRICS = ("evidence_coverage", "evidence_contained")
+FITNESS_VERSION = "coverage-2"  # bump whenever a credit can change for the same texts
+METRICS = ("evidence_coverage", "evidence_contained", "evidence_similarity", "evidence_hit_rate")
+HIT_THRESHOLD = 0.8  # cosine at which the hit rate counts an evidence message as retrieved
 NEAR_VERBATIM = 0.9  # share of the evidence's tokens a window must hold for containment
-COS_FLOOR = 0.5  # cosine at which meaning-only credit starts
-COS_FULL = 0.95  # cosine at which meaning-only credit reaches SEMANTIC_CAP
+# The meaning ramp, calibrated with MiniLM on BEAM-100K valid (docs/performance.md, "Calibrating
+# the meaning credit"; bench/coverage.py --calibrate). Max cosine of an evidence message to the
+# retrieved text of another conversation's question: mean 0.32, p99 0.57, max 0.61 — so the
+# floor sits above all of it and unrelated text earns 0. Hand-written extraction-style
+# paraphrases of 16 evidence messages: 0.71-0.92, mean 0.81 — so the ramp is full by 0.85 and
+# they keep a mean 0.63 credit. Same-topic neighbours of an evidence message that did not reach
+# the context (mean 0.62, p90 0.78) overlap the paraphrases; they keep a mean 0.11.
+COS_FLOOR = 0.7  # cosine at which meaning-only credit starts
+COS_FULL = 0.85  # cosine at which meaning-only credit reaches SEMANTIC_CAP
 SEMANTIC_CAP = 0.9  # highest meaning-only credit (below a containment hit)
 WINDOW_TOKENS = 128  # content tokens per window of a long line (MiniLM reads ~256 pieces)
 BUDGET = 16000  # characters of retrieved text the environment allows (the ceiling's budget)
@@ -133,73 +144,93 @@ def semantic_credit(cosine: float) -> float:
     return SEMANTIC_CAP * min(max(ramp, 0.0), 1.0)
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """One pair's evidence that containment left to meaning: positions in its credit row, the
-    content views of those messages and the retrieved text's windows."""
+def _max_cosine(vector: np.ndarray, windows: np.ndarray) -> float:
+    """The max cosine of one unit vector to rows of unit vectors, computed row by row in float64
+    (exact products, a fixed summation order): a matrix product's rounding depends on the
+    matrix's shape, and adding a window must never lower another window's cosine."""
+    if not len(windows):
+        return 0.0
+    return float((windows * vector.astype(np.float64)).sum(axis=1).max())
 
-    row: int
-    positions: list[int]
-    evidence: list[str]
-    windows: list[str]
+
+@dataclass(frozen=True)
+class Measured:
+    """One pair: per evidence message that has tokens, whether it is contained and its max
+    cosine to the retrieved text's windows."""
+
+    contained: list[bool]
+    cosines: list[float]
+
+    def credits(self) -> list[float]:
+        pairs = zip(self.contained, self.cosines, strict=True)
+        return [1.0 if c else semantic_credit(x) for c, x in pairs]
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """One question to score: its evidence texts (as ``Message.text()`` renders them) and the
+    text the program retrieved for it."""
+
+    question: Question
+    evidence: Sequence[str]
+    retrieved: str
 
 
 class CoverageScorer:
-    """Evidence coverage for batches of (evidence texts, retrieved text) pairs."""
+    """Evidence coverage for batches of (evidence texts, retrieved text) pairs, with evidence
+    similarity and hit rate from the same vectors (``hit_threshold``: the hit rate's cosine)."""
 
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(self, embedder: Embedder, hit_threshold: float = HIT_THRESHOLD) -> None:
         self.embedder = embedder
+        self.hit_threshold = hit_threshold
 
-    def credits(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[list[float]]:
-        """Per pair, the credit of each evidence message that has tokens (in order)."""
-        out: list[list[float]] = []
-        pending: list[_Pending] = []
+    def measure(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[Measured]:
+        """Containment per evidence message, and one embedding call for every content view and
+        window involved (equal texts are embedded once, and cached across calls)."""
+        rows: list[tuple[list[bool], list[str], list[str]]] = []
         for evidence, retrieved in pairs:
             ctx = tokens(retrieved)
             counts = Counter(ctx)
             evs = [ev for ev in map(evidence_tokens, evidence) if ev]
-            row = [1.0 if contained(ev, ctx, counts) else 0.0 for ev in evs]
-            left = [i for i, credit in enumerate(row) if credit < 1.0]
-            if left:
-                views = [" ".join(content_view(evs[i])) for i in left]
-                pending.append(_Pending(len(out), left, views, windows(retrieved)))
-            out.append(row)
-        self._meaning(out, pending)
+            flags = [contained(ev, ctx, counts) for ev in evs]
+            views = [" ".join(content_view(ev)) for ev in evs]
+            rows.append((flags, views, windows(retrieved) if evs else []))
+        texts = list(dict.fromkeys(t for _, views, wins in rows for t in (*views, *wins)))
+        index = {t: i for i, t in enumerate(texts)}
+        vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
+        out = []
+        for flags, views, wins in rows:
+            win = vectors[[index[t] for t in wins]].astype(np.float64)
+            best = [_max_cosine(vectors[index[t]], win) for t in views]
+            out.append(Measured(flags, best))
         return out
 
-    def _meaning(self, out: list[list[float]], pending: list[_Pending]) -> None:
-        """Fill in the meaning-only credits: one embedding call for every text involved."""
-        texts = [t for p in pending for t in (*p.evidence, *p.windows)]
-        if not texts:
-            return
-        vectors = self.embedder.embed(texts)
-        pos = 0
-        for p in pending:
-            n_e, n_w = len(p.evidence), len(p.windows)
-            ev, win = vectors[pos : pos + n_e], vectors[pos + n_e : pos + n_e + n_w]
-            pos += n_e + n_w
-            best = (ev @ win.T).max(axis=1) if n_w else np.zeros(n_e)
-            for i, cosine in zip(p.positions, best, strict=True):
-                out[p.row][i] = semantic_credit(float(cosine))
+    def credits(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[list[float]]:
+        """Per pair, the credit of each evidence message that has tokens (in order)."""
+        return [m.credits() for m in self.measure(pairs)]
 
     def coverage(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[dict[str, Any]]:
         """Per pair: ``evidence_coverage`` (mean credit), ``evidence_contained`` (share with a
-        containment hit), both None without evidence, and ``fitness_version``."""
-        return [_summary(row) for row in self.credits(pairs)]
+        containment hit), ``evidence_similarity`` (mean max cosine), ``evidence_hit_rate``
+        (share at cosine ≥ the hit threshold), each None without evidence, and
+        ``fitness_version``."""
+        return [self._summary(m) for m in self.measure(pairs)]
 
     def score(self, items: Sequence[ScoreInput]) -> list[dict[str, Any]]:
         """:meth:`coverage` for the offline scorer's inputs."""
         return self.coverage([(item.evidence, item.retrieved) for item in items])
 
-
-def _summary(row: Sequence[float]) -> dict[str, Any]:
-    if not row:
-        return {**dict.fromkeys(METRICS), "fitness_version": FITNESS_VERSION}
-    return {
-        "evidence_coverage": float(np.mean(row)),
-        "evidence_contained": float(np.mean([c >= 1.0 for c in row])),
-        "fitness_version": FITNESS_VERSION,
-    }
+    def _summary(self, m: Measured) -> dict[str, Any]:
+        if not m.contained:
+            return {**dict.fromkeys(METRICS), "fitness_version": FITNESS_VERSION}
+        cosines = np.array(m.cosines)
+        return {
+            "evidence_coverage": float(np.mean(m.credits())),
+            "evidence_contained": float(np.mean(m.contained)),
+            "evidence_similarity": float(np.mean(cosines)),
+            "evidence_hit_rate": float(np.mean(cosines >= self.hit_threshold)),
+            "fitness_version": FITNESS_VERSION,
+        }
 
 
 def evidence_coverage(evidence: Sequence[str], retrieved: str, embedder: Embedder) -> float | None:

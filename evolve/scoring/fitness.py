@@ -16,15 +16,21 @@ Modes (:func:`choose`, from what a run or an evaluation is configured with):
   (``f1_official``); BEAM and LongMemEval: ``answer_f1``, the same Porter-stemmed, normalised
   token F1 against the gold answer. Runs in this mode say that answers are scored without a
   judge.
-- ``retrieval`` — offline, no task model: the mean of evidence similarity and evidence hit
-  rate; questions without any retrieval metric (such as BEAM's abstention questions) have no
-  value and are left out.
+- ``retrieval`` — offline, no task model: **evidence coverage** (:mod:`.coverage`, version
+  :data:`~evolve.scoring.coverage.FITNESS_VERSION`): per evidence message, 1 when its text
+  reached the context verbatim or nearly (whatever headers, bullets or order surround it), else
+  a capped credit by meaning; the mean over the question's evidence. Questions without evidence
+  (such as BEAM's abstention questions) have no value and are left out. Evidence similarity and
+  hit rate (:mod:`.offline`) are reported beside it, never selected on.
 
 Invariants: the executor writes each question's value under :data:`KEY` into its trace scores
 (so every aggregate block carries the mean of the mode's values as :data:`KEY`), and every
-report and run records :meth:`Fitness.describe` (name, version, variant). A score block without
-:data:`KEY` (old runs) reads as ``retrieval``. A per-question value is a float in [0, 1] or
-None (no value under this mode: left out of means and of the paired test).
+report and run records :meth:`Fitness.describe` (name, version, variant, and ``coverage``:
+the coverage scorer's version), so :func:`mismatch` can refuse to mix scores of two
+definitions. A score block without :data:`KEY` (old runs) reads as ``retrieval`` of its own
+time: coverage where the block has it, else the version-1 mean of evidence similarity and hit
+rate. A per-question value is a float in [0, 1] or None (no value under this mode: left out of
+means and of the paired test).
 """
 
 from __future__ import annotations
@@ -33,12 +39,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from evolve.models.llm import ModelConfig
+from evolve.scoring.coverage import FITNESS_VERSION as COVERAGE_VERSION
 
 MODES = ("judged", "answer-f1", "retrieval")
-VERSION = "1"  # raised whenever a mode's definition changes
+VERSION = "2"  # raised whenever a mode's definition changes (2: retrieval is evidence coverage)
 KEY = "fitness"  # the per-question (and per-block) value in score dicts
 VARIANTS = ("described", "official")  # BEAM's rubric judge variants (beam_judge.VARIANTS)
-RETRIEVAL_METRICS = ("evidence_similarity", "evidence_hit_rate")
+RETRIEVAL_METRIC = "evidence_coverage"
+LEGACY_METRICS = ("evidence_similarity", "evidence_hit_rate")  # version 1's retrieval fitness
+RECORDED = ("name", "version", "coverage", "variant")  # what must match to mix scores
 
 Mode = Literal["judged", "answer-f1", "retrieval"]
 Variant = Literal["described", "official"]
@@ -61,17 +70,25 @@ DEFINITIONS = {
     "judged": "the bench's judged score per question (every question, abstention included)",
     "answer-f1": "token F1 of the answer against the gold answer — answers are scored WITHOUT "
     "a judge",
-    "retrieval": "mean of evidence similarity and evidence hit rate (offline retrieval metrics)",
+    "retrieval": "evidence coverage: per evidence message 1 when its text reached the context "
+    "(verbatim or nearly, in any format), else a capped credit by meaning; mean over the evidence",
 }
 
 
+def _retrieval_value(scores: dict[str, Any]) -> float | None:
+    """Coverage where a block or trace has it; else (stored before coverage) version 1's mean of
+    similarity and hit rate; None where it has neither."""
+    value = scores.get(RETRIEVAL_METRIC)
+    if isinstance(value, int | float):
+        return float(value)
+    legacy = [scores.get(m) for m in LEGACY_METRICS]
+    present = [v for v in legacy if isinstance(v, int | float)]
+    return sum(present) / len(legacy) if present else None
+
+
 def retrieval_fitness(block: dict[str, Any] | None) -> float:
-    """Mean of evidence similarity and hit rate; 0 for a missing or empty block."""
-    if not block:
-        return 0.0
-    values = [block.get(m) for m in RETRIEVAL_METRICS]
-    present = [v for v in values if isinstance(v, int | float)]
-    return sum(present) / len(values) if present else 0.0
+    """The retrieval fitness of a score block (evidence coverage); 0 when missing or empty."""
+    return (_retrieval_value(block) if block else None) or 0.0
 
 
 @dataclass(frozen=True)
@@ -85,9 +102,7 @@ class Fitness:
     def question(self, scores: dict[str, Any]) -> float | None:
         """A question's value from its trace scores (None: no value under this mode)."""
         if self.mode == "retrieval":
-            if any(isinstance(scores.get(m), int | float) for m in RETRIEVAL_METRICS):
-                return retrieval_fitness(scores)
-            return None
+            return _retrieval_value(scores)
         for template in _METRICS[self.mode].get(self.bench, ()):
             value = scores.get(template.format(variant=self.variant))
             if isinstance(value, int | float):
@@ -96,8 +111,8 @@ class Fitness:
 
     def describe(self) -> dict[str, Any]:
         """What is recorded in every report, score block and manifest."""
-        return {"name": self.mode, "version": VERSION, "variant": self.variant,
-                "definition": DEFINITIONS[self.mode]}  # fmt: skip
+        return {"name": self.mode, "version": VERSION, "coverage": COVERAGE_VERSION,
+                "variant": self.variant, "definition": DEFINITIONS[self.mode]}  # fmt: skip
 
 
 def choose(
@@ -116,3 +131,16 @@ def choose(
 def mode_of(described: dict[str, Any] | None) -> str:
     """The mode name a stored description records; ``retrieval`` for old runs without one."""
     return str((described or {}).get("name") or "retrieval")
+
+
+def mismatch(stored: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
+    """Why scores recorded under ``stored`` (a :meth:`Fitness.describe`) cannot be mixed with
+    scores under ``current``; None when they can. A run from before versions were recorded
+    never matches."""
+    old = stored or {}
+    differ = [k for k in RECORDED if old.get(k) != current.get(k)]
+    if not differ:
+        return None
+    was = ", ".join(f"{k} {old.get(k) or 'unrecorded'}" for k in differ)
+    now = ", ".join(f"{k} {current.get(k)}" for k in differ)
+    return f"its scores were recorded under fitness {was}; this version scores {now}"

@@ -1,13 +1,12 @@
 """Offline scoring: retrieval-side metrics that need no LLM.
 
-Per question (docs/design.md §4), with one embedding matcher φ (all-MiniLM-L6-v2):
+Per question (docs/design.md §4), from :class:`OfflineScorer`:
 
-- ``evidence_similarity`` — mean over the question's evidence messages e of
-  s(e, R) = max over retrieved blocks r of cos(φ(e), φ(r)). The retrieved text is cut at
-  blank lines into blocks of at most :data:`BLOCK_CHARS` characters (:func:`blocks`); MiniLM
-  reads the first 256 word pieces of each text, evidence messages included.
-- ``evidence_hit_rate`` — share of evidence messages with s(e, R) ≥ the hit threshold
-  (:data:`HIT_THRESHOLD` unless the caller states another; the report records it).
+- ``evidence_coverage``, ``evidence_contained``, ``evidence_similarity``,
+  ``evidence_hit_rate`` — from :mod:`.coverage` (one embedding matcher, all-MiniLM-L6-v2, on
+  the evidence's and the retrieved text's content views; the hit threshold is
+  :data:`~evolve.scoring.coverage.HIT_THRESHOLD` unless the caller states another, and the
+  report records it). Coverage is the retrieval fitness; the rest are diagnostics.
 - ``evidence_recall`` — share of evidence messages whose opening (first
   :data:`VERBATIM_CHARS` characters, whitespace-normalised) appears verbatim in the retrieved
   text: exact, but meaningful only for programs that keep messages verbatim (as offline
@@ -15,6 +14,7 @@ Per question (docs/design.md §4), with one embedding matcher φ (all-MiniLM-L6-
 - ``answer_recall`` — share of the gold answer's content words (lower-cased, Porter-stemmed,
   stopwords removed) present in the retrieved text.
 
+Also owns :func:`blocks` (the retrieved text cut at blank lines; the stage diagnostics read it).
 Questions without evidence (BEAM abstention) get ``None`` for every metric and are left out of
 the means. Aggregation: mean per capability, per native type and overall (over questions).
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,11 +31,13 @@ import Stemmer
 
 from evolve.datasets.types import CAPABILITIES, Question
 from evolve.models.embed import Embedder
+from evolve.scoring import coverage
+from evolve.scoring.coverage import HIT_THRESHOLD, ScoreInput
 
-METRICS = ("evidence_similarity", "evidence_hit_rate", "evidence_recall", "answer_recall")
+__all__ = ["HIT_THRESHOLD", "METRICS", "OfflineScorer", "ScoreInput", "aggregate", "blocks"]
+METRICS = (*coverage.METRICS, "evidence_recall", "answer_recall")
 BLOCK_CHARS = 1000
 MIN_BLOCK_CHARS = 120
-HIT_THRESHOLD = 0.8
 VERBATIM_CHARS = 200
 
 _STOPWORDS = frozenset(
@@ -80,48 +81,30 @@ def _normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-@dataclass(frozen=True)
-class ScoreInput:
-    question: Question
-    evidence: Sequence[str]  # texts of the evidence messages, as Message.text() renders them
-    retrieved: str
-
-
 class OfflineScorer:
+    """Every offline metric of a batch of questions: one embedding call for the batch."""
+
     def __init__(self, embedder: Embedder, hit_threshold: float = HIT_THRESHOLD) -> None:
-        self.embedder = embedder
+        self.covered = coverage.CoverageScorer(embedder, hit_threshold)
         self.hit_threshold = hit_threshold
 
     def score(self, items: Sequence[ScoreInput]) -> list[dict[str, float | None]]:
-        """Metrics for each item; one batched embedding call for all texts involved."""
-        texts: list[str] = []
-        retrieved_blocks = [blocks(item.retrieved) for item in items]
-        for item, item_blocks in zip(items, retrieved_blocks, strict=True):
-            texts.extend(item.evidence)
-            texts.extend(item_blocks)
-        vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
-        out, pos = [], 0
-        for item, item_blocks in zip(items, retrieved_blocks, strict=True):
-            n_e, n_w = len(item.evidence), len(item_blocks)
-            ev, win = vectors[pos : pos + n_e], vectors[pos + n_e : pos + n_e + n_w]
-            pos += n_e + n_w
-            out.append(self._one(item, ev, win))
-        return out
+        """Metrics for each item (keys :data:`METRICS`)."""
+        return [{**{m: cov[m] for m in coverage.METRICS}, **_recall(item)}
+                for item, cov in zip(items, self.covered.score(items), strict=True)]  # fmt: skip
 
-    def _one(self, item: ScoreInput, ev: np.ndarray, win: np.ndarray) -> dict[str, float | None]:
-        if not item.evidence:
-            return dict.fromkeys(METRICS)
-        sims = (ev @ win.T).max(axis=1) if len(win) else np.zeros(len(ev))
-        flat = _normalise(item.retrieved)
-        verbatim = [_normalise(e)[:VERBATIM_CHARS] in flat for e in item.evidence]
-        gold = content_words(item.question.gold)
-        found = content_words(item.retrieved) if gold else set()
-        return {
-            "evidence_similarity": float(np.mean(sims)),
-            "evidence_hit_rate": float(np.mean(sims >= self.hit_threshold)),
-            "evidence_recall": float(np.mean(verbatim)),
-            "answer_recall": len(gold & found) / len(gold) if gold else None,
-        }
+
+def _recall(item: ScoreInput) -> dict[str, float | None]:
+    if not item.evidence:
+        return {"evidence_recall": None, "answer_recall": None}
+    flat = _normalise(item.retrieved)
+    verbatim = [_normalise(e)[:VERBATIM_CHARS] in flat for e in item.evidence]
+    gold = content_words(item.question.gold)
+    found = content_words(item.retrieved) if gold else set()
+    return {
+        "evidence_recall": float(np.mean(verbatim)),
+        "answer_recall": len(gold & found) / len(gold) if gold else None,
+    }
 
 
 def aggregate(
