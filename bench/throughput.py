@@ -27,8 +27,9 @@ from pathlib import Path
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
 from evolve.executor import EvalError, EvalReport, evaluate
+from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
-from evolve.models.llm import LLMClient, ModelConfig, Models
+from evolve.models.llm import ModelConfig, Models
 from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +55,10 @@ def one_run(
         model = ModelConfig(model="openai/fake", api_base=server.base_url, max_tokens=256)
         config = WorkerConfig(cache_dir=str(cache), task_model=model, embedder=args.embedder,
                               llm_concurrency=concurrency)  # fmt: skip
-        judge = LLMClient(Models(judge=model), log_path=cache / "llm-calls.sqlite",
-                          cache_path=cache / "llm-cache.sqlite")  # fmt: skip
+        # the judge shares the workers' call log, so it shares their one limit
+        judge = llm_client(Models(judge=model), log_path=cache / "llm-calls.sqlite",
+                           cache_path=cache / "llm-cache.sqlite",
+                           concurrency=concurrency)  # fmt: skip
         start = time.perf_counter()
         report = evaluate(args.program, tasks, config, jobs=args.jobs, judge=judge)
         wall = time.perf_counter() - start
