@@ -29,7 +29,7 @@ from evolve.datasets.types import TaskSet
 from evolve.executor import EvalError, EvalReport, evaluate
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
-from evolve.models.llm import ModelConfig, Models
+from evolve.models.llm import LLMError, ModelConfig, Models
 from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def main() -> None:
     )
     try:
         same = throughput(args)
-    except (OSError, ValueError, EvalError) as exc:  # bad data dir, split or program
+    except (OSError, ValueError, EvalError, LLMError) as exc:  # bad input; a call lost for good
         raise SystemExit(f"throughput: {exc}") from None
     raise SystemExit(0 if same else 1)
 

@@ -246,7 +246,7 @@ class LLMClient:
     in the module docstring); tests set the wait to ``tenacity.wait_none()``.
     """
 
-    retry_attempts: int = 5
+    retry_attempts: int = 8  # at a 20 % failure rate, one call in 400,000 is lost
     rate_limit_attempts: int = 20
     retry_wait: wait_base = wait_random_exponential(multiplier=1, max=30)
 
