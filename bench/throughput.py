@@ -30,6 +30,7 @@ from evolve.executor import EvalError, EvalReport, evaluate
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
 from evolve.models.llm import LLMError, ModelConfig, Models
+from evolve.models.usage import fault_text
 from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +99,8 @@ def throughput(args: argparse.Namespace) -> bool:
     same = report.scores == clean.scores
     print(f"{'':>16}  faults injected {sum(injected.values())} of {stats.requests} requests "
           f"{injected}; scores equal the fault-free run's: {'yes' if same else 'NO'}")  # fmt: skip
+    for role, tally in sorted(report.usage.items()):  # what the call log counted
+        print(f"{'':>16}  counted for {role}: {fault_text(tally) or 'no faults'}")
     shutil.rmtree(warm.parent, ignore_errors=True)
     return same
 
