@@ -43,7 +43,8 @@ def pristine(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                     cache_dir=str(root.parent / "cache"), jobs=1, embedder="hashing",
                     rounds={"cold_start": 1, "refinement": 0, "integration": 0},
                     conversations=1, children=1, cascade=False)  # fmt: skip
-    store = RunStore.create(root, {"config": cfg.as_json()}, run_id=RUN)
+    manifest = {"config": cfg.as_json(), "fitness": cfg.fitness().describe()}  # as a run's
+    store = RunStore.create(root, manifest, run_id=RUN)
     best = Evolution(store, cfg).run()
     assert best.id.startswith("c000")
     store.add_candidate("X = 1\n", parents=[store.candidates()[1].id], stage="refinement",
