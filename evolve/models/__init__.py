@@ -2,11 +2,18 @@
 their test doubles (:mod:`.testing`). Importing this package loads neither torch nor litellm.
 
 Owns :func:`sqlite_connection`, the on-disk store shared by the embedding cache, the LLM request
-cache and the LLM call log. Invariants: one connection per (process, thread, file, schema), opened
-on first use and kept open (closing the last connection to a WAL file checkpoints and fsyncs it,
-which made every logged call cost ~12 ms); WAL journal and a busy timeout, so several worker
-processes can read and write one file; a connection is never used after ``fork`` (the pid is part
-of the key).
+cache and the LLM call log. Invariants: connections are pooled per (process, file, schema): a
+thread borrows one for one transaction and gives it back, so a connection is used by one thread
+at a time and the connections open are bounded by the transactions in flight, never by the
+threads that ever ran (a connection kept per thread outlived its thread: Python 3.11's sqlite3
+connection sits in a reference cycle with its statement cache, so only the cyclic collector
+closed it, and a process of short-lived thread pools ran out of file descriptors). Up to
+:data:`MAX_IDLE` connections per pool stay open between transactions (closing the last
+connection to a WAL file checkpoints and fsyncs it, which made every logged call cost ~12 ms);
+the pool takes no lock (deque ``append`` / ``pop`` are atomic), so a ``fork`` taken while another
+thread borrows cannot deadlock the child; WAL journal and a busy timeout, so several worker
+processes can read and write one file; a connection is never used after ``fork`` (the pid is
+part of the key).
 
 Also owns how damaged files are handled everywhere: :func:`damaged` reports one in one line on
 the ``evolve.damage`` logger (the CLI prints each such line once, as ``warning:``; a worker
@@ -27,9 +34,10 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,7 +47,11 @@ BUSY_TIMEOUT_S = 60.0
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
 DAMAGE_LOG = logging.getLogger("evolve.damage")
 
-_local = threading.local()
+MAX_IDLE = 4
+"""Connections per pool kept open between transactions; more, borrowed at once, are closed when
+given back."""
+_Key = tuple[int, str, str]  # (pid, path, schema)
+_pools: dict[_Key, deque[sqlite3.Connection]] = {}  # the idle connections of each pool
 
 DOUBLES: dict[str, Callable[..., Any]] = {}
 """Test doubles by name (``scripted``: an LLM client answering from a script), filled by the
@@ -57,27 +69,44 @@ def double(name: str) -> Callable[..., Any]:
         ) from None
 
 
-def sqlite_connection(path: Path, schema: str) -> sqlite3.Connection:
-    """This thread's open connection to ``path``, with ``schema`` (idempotent DDL) applied.
-
-    Use it as ``with sqlite_connection(path, schema) as conn:`` — one transaction, committed on
-    success and rolled back on error; the connection stays open.
-    """
-    conns: dict[tuple[int, str, str], sqlite3.Connection] = _local.__dict__.setdefault("conns", {})
+@contextmanager
+def sqlite_connection(path: Path, schema: str) -> Iterator[sqlite3.Connection]:
+    """A connection to ``path`` with ``schema`` (idempotent DDL) applied, lent to this thread for
+    one transaction: ``with sqlite_connection(path, schema) as conn:`` commits on success and
+    rolls back on error, then gives the connection back to its pool."""
     key = (os.getpid(), str(path), schema)
-    conn = conns.get(key)
-    if conn is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(schema)
-        except BaseException:
-            conn.close()
-            raise
-        conns[key] = conn
+    pool = _pools.setdefault(key, deque())
+    try:
+        conn = pool.pop()
+    except IndexError:
+        conn = _connect(path, schema)
+    try:
+        with conn:
+            yield conn
+    finally:
+        _give_back(key, pool, conn)
+
+
+def _connect(path: Path, schema: str) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # lent to one thread at a time, but given back (and perhaps closed) by whichever borrowed it
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(schema)
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _give_back(key: _Key, pool: deque[sqlite3.Connection], conn: sqlite3.Connection) -> None:
+    """Keep ``conn`` idle in ``pool``, unless the pool is full or was closed meanwhile."""
+    if _pools.get(key) is pool and len(pool) < MAX_IDLE:
+        pool.append(conn)
+    else:
+        conn.close()
 
 
 def damaged(message: str) -> None:
@@ -125,15 +154,21 @@ def _still_corrupt(path: Path) -> bool:
 
 
 def close_connections(path: Path) -> None:
-    """Close this thread's open connections to ``path`` (the next use reopens the file)."""
-    conns: dict[tuple[int, str, str], sqlite3.Connection] = _local.__dict__.setdefault("conns", {})
-    for key in [k for k in conns if k[1] == str(path)]:
-        conns.pop(key).close()
+    """Close this process's idle connections to ``path`` (one lent out now is closed when given
+    back); the next use opens the file again."""
+    for key in [k for k in _pools if k[:2] == (os.getpid(), str(path))]:
+        pool = _pools.pop(key)
+        while True:
+            try:  # a borrower may take one meanwhile: it closes it when giving it back
+                conn = pool.pop()
+            except IndexError:
+                break
+            conn.close()
 
 
 def set_aside(path: Path) -> Path | None:
     """Move a damaged SQLite file (and its ``-wal`` / ``-shm``) to ``<name>.corrupt-<time>``,
-    after closing this thread's connections to it; returns the new name, or None when the file
+    after closing this process's connections to it; returns the new name, or None when the file
     now at ``path`` is sound (another process set it aside first) and nothing was moved."""
     close_connections(path)
     if not _still_corrupt(path):

@@ -35,8 +35,9 @@ Invariants:
   call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`). The
   log gains these columns when an older log is first written to (:func:`log_connection`);
   readers of an older log read them as 0.
-- A client is safe to call from many threads: the records are kept under a lock, and SQLite
-  connections (call log, request cache) are per thread (:func:`evolve.models.sqlite_connection`).
+- A client is safe to call from many threads: the records are kept under a lock, and each
+  SQLite transaction (call log, request cache) borrows a connection from the process's pool for
+  that file (:func:`evolve.models.sqlite_connection`), so threads that end leave none open.
 - API keys are never written: ModelConfig holds none (litellm reads them from the environment;
   a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
   secret-named extra params are left out of the request hash, and error texts are redacted
@@ -53,7 +54,8 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -104,24 +106,28 @@ FAULT_COLUMNS = ("retries", "rate_limited", "timeouts", "repair")
 _migrated: set[tuple[int, str]] = set()
 
 
-def log_connection(path: Path) -> sqlite3.Connection:
-    """This thread's connection to the call log at ``path``, with the columns of
-    :data:`FAULT_COLUMNS` added to an older log (once per process and file)."""
-    conn = sqlite_connection(path, CALLS_SCHEMA)
-    key = (os.getpid(), str(path))
-    if key in _migrated:
-        return conn
+@contextmanager
+def log_connection(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection to the call log at ``path`` for one transaction
+    (:func:`evolve.models.sqlite_connection`), with the columns of :data:`FAULT_COLUMNS` added
+    to an older log (once per process and file)."""
+    with sqlite_connection(path, CALLS_SCHEMA) as conn:
+        key = (os.getpid(), str(path))
+        if key not in _migrated:
+            _add_fault_columns(conn)
+            _migrated.add(key)
+        yield conn
+
+
+def _add_fault_columns(conn: sqlite3.Connection) -> None:
     have = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
     for name in FAULT_COLUMNS:
         if name not in have:
-            try:
-                with conn:
-                    conn.execute(f"ALTER TABLE calls ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+            try:  # DDL: committed at once, outside the caller's transaction
+                conn.execute(f"ALTER TABLE calls ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
             except sqlite3.OperationalError as exc:  # another process or thread added it first
                 if "duplicate column" not in str(exc):
                     raise
-    _migrated.add(key)
-    return conn
 
 
 class LLMError(RuntimeError):
