@@ -90,6 +90,9 @@ def throughput(args: argparse.Namespace) -> bool:
         print(line(f"concurrency {n}", report, stats, wall, stats.requests * args.latency / n))
         clean = report
     assert clean is not None
+    if args.faults == "none":  # the fault-free runs only
+        shutil.rmtree(warm.parent, ignore_errors=True)
+        return True
     n = max(args.concurrency)
     plan = FaultPlan(rates=parse_rates(args.faults), retry_after=args.latency, seed=1)
     report, stats, wall = one_run(args, tasks, n, plan, warm)
@@ -113,7 +116,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=None, help="only the first N")
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per reply")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--faults", default=FAULTS, help=f"fault rates (default {FAULTS})")
+    parser.add_argument(
+        "--faults", default=FAULTS, help=f"fault rates (default {FAULTS}; none: no faults run)"
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
     args = parser.parse_args()
