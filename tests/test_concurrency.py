@@ -109,7 +109,7 @@ def test_one_conversation_keeps_several_calls_in_flight(tasks: TaskSet, tmp_path
                               embedder="hashing", llm_concurrency=8)  # fmt: skip
         report = evaluate(SEEDS / "dense.py", tasks, config, jobs=1)
         stats = server.stats()
-    assert report.meta["errors"] == 0
+    assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
     assert stats.max_in_flight > 1  # windows and questions overlap within one conversation
     split = report.meta["time"]
     assert split["model_wait"] > 0 and split["sandbox"] > 0 and split["local"] > 0
