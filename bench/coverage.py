@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from evolve.datasets.beam import load_taskset
-from evolve.datasets.types import TaskSet
 from evolve.models.embed import Embedder
 from evolve.scoring import coverage as cv
 from evolve.scoring.coverage import CoverageScorer, ceiling
@@ -35,21 +34,6 @@ from evolve.trace import QuestionTrace, TraceError, read_trace
 
 DATE_PREFIX = re.compile(r"^\[[^\]\n]*\] ", re.MULTILINE)
 PARAPHRASES = Path(__file__).with_name("paraphrases.json")
-
-
-def evidence_of(tasks: TaskSet) -> dict[str, list[str]]:
-    """Each question's evidence texts, rendered ``role: content`` as the executor does."""
-    out: dict[str, list[str]] = {}
-    for conv in tasks.conversations:
-        messages = conv.messages()
-        for q in tasks.questions:
-            if q.conversation_id == conv.id:
-                out[q.id] = [
-                    f"{messages[e][1].role}: {messages[e][1].content}"
-                    for e in q.evidence_ids
-                    if e in messages
-                ]
-    return out
 
 
 def _mean(values: list[float | None]) -> float:
@@ -65,7 +49,7 @@ def _rows(traces: Path) -> list[QuestionTrace]:
 
 def compare_traces(data: Path, traces: Path, embedder: Embedder) -> None:
     rows = _rows(traces)
-    evidence = evidence_of(load_taskset(data, "valid"))
+    evidence = load_taskset(data, "valid").evidence_texts()
     scorer = CoverageScorer(embedder)
     for label, strip in (("as retrieved", False), ("date prefixes stripped", True)):
         texts = [DATE_PREFIX.sub("", t.retrieved_text) if strip else t.retrieved_text for t in rows]
@@ -89,7 +73,7 @@ def _cosines(scorer: CoverageScorer, pairs: list[tuple[list[str], str]], missed:
 def calibrate(data: Path, traces: Path, embedder: Embedder) -> None:
     """What the meaning ramp gives to unrelated text, same-topic neighbours and paraphrases."""
     tasks = load_taskset(data, "valid")
-    evidence = evidence_of(tasks)
+    evidence = tasks.evidence_texts()
     rows = [t for t in _rows(traces) if evidence.get(t.id)]
     others = [next(o for o in rows[i + 1 :] + rows[:i] if o.conversation_id != t.conversation_id)
               for i, t in enumerate(rows)]  # fmt: skip
@@ -129,7 +113,7 @@ def main() -> None:
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="coverage-"))
     embedder = Embedder(cache / "embeddings.sqlite")
     for split in args.ceiling_splits:
-        top = ceiling(list(evidence_of(load_taskset(args.data_dir, split)).values()),
+        top = ceiling(list(load_taskset(args.data_dir, split).evidence_texts().values()),
                       CoverageScorer(embedder))  # fmt: skip
         print(f"ceiling {split:8s} {top.mean:.3f} (budget {top.budget}, {top.fitness_version})")
     if args.traces:

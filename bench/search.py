@@ -59,22 +59,11 @@ def first(tasks: TaskSet, conversations: int | None) -> TaskSet:
     return TaskSet(tasks.bench, tasks.split, keep, questions)
 
 
-def evidence(tasks: TaskSet) -> dict[str, list[str]]:
-    """Each question's evidence texts, as the executor scores them."""
-    out: dict[str, list[str]] = {}
-    for conv in tasks.conversations:
-        messages = conv.messages()
-        for q in tasks.questions:
-            if q.conversation_id == conv.id:
-                out[q.id] = [messages[e][1].text() for e in q.evidence_ids if e in messages]
-    return out
-
-
 def coverage(program: Path, tasks: TaskSet, config: RunConfig, scorer: CoverageScorer) -> float:
     """Mean evidence coverage of ``program`` on ``tasks`` (questions with evidence)."""
     worker = worker_config(config, Path(config.cache_dir), "bench")
     report = evaluate(program, tasks, worker, jobs=config.jobs)
-    ev = evidence(tasks)
+    ev = tasks.evidence_texts()
     rows = scorer.coverage([(ev[t.id], t.retrieved_text) for t in report.traces])
     values = [r["evidence_coverage"] for r in rows if r["evidence_coverage"] is not None]
     return sum(values) / len(values) if values else float("nan")
@@ -123,7 +112,7 @@ def main() -> None:
                        cascade=not args.no_cascade, conversations=args.conversations)  # fmt: skip
     scorer = CoverageScorer(make_embedder(args.embedder, str(cache)))
     tasks = {s: first(load_taskset(args.data_dir, s), args.conversations) for s in SPLITS}
-    tops = {s: ceiling(list(evidence(tasks[s]).values()), scorer).mean for s in SPLITS}
+    tops = {s: ceiling(list(tasks[s].evidence_texts().values()), scorer).mean for s in SPLITS}
     start = {s: coverage(Path(seed), tasks[s], config, scorer) for s in SPLITS}
     print(f"budget {args.budget} evaluated candidates, rounds {config.rounds}, children "
           f"{config.children}, cascade {config.cascade}, embedder {args.embedder}, "

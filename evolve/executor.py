@@ -165,7 +165,7 @@ def evaluate(
     embedder = make_embedder(config.embedder, config.cache_dir)
     scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
     by_id = {q.id: q for q in tasks.questions}
-    evidence = _evidence(tasks)
+    evidence = tasks.evidence_texts()
     ceilings = question_ceilings(evidence, embedder, Path(config.cache_dir))
     traces: list[QuestionTrace] = []
     for conv in tasks.conversations:
@@ -240,17 +240,6 @@ def evaluate(
         work=_sum_work(results.values()),
         traces=traces,
     )
-
-
-def _evidence(tasks: TaskSet) -> dict[str, list[str]]:
-    """Question id → the texts of its evidence messages, as the scorers read them."""
-    out: dict[str, list[str]] = {}
-    by_conv = tasks.by_conversation()
-    for conv in tasks.conversations:
-        messages = conv.messages()
-        for q in by_conv[conv.id]:
-            out[q.id] = [messages[e][1].text() for e in q.evidence_ids if e in messages]
-    return out
 
 
 def check_evaluable(tasks: TaskSet) -> None:

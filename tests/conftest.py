@@ -16,6 +16,8 @@ from typing import NoReturn
 import pytest
 
 import evolve.models.testing  # noqa: F401  (registers the test doubles in evolve.models.DOUBLES)
+from evolve.datasets.beam import load_conversation
+from evolve.datasets.types import Conversation, TaskSet
 from evolve.evolution.archive import improves
 from evolve.evolution.store import CandidateMeta
 
@@ -80,3 +82,13 @@ def paired_beats(new: CandidateMeta, old: CandidateMeta, capability: str | None)
 
     seed = f"{new.source_sha256}|{old.source_sha256}|{capability}"
     return improves(questions(new), questions(old), seed)
+
+
+def first_sessions(data_dir: Path, sessions: int, most: int) -> TaskSet:
+    """The first ``sessions`` sessions of BEAM-100K conversation 1 and (at most ``most``) of
+    the questions whose evidence lies entirely there."""
+    conv, questions = load_conversation(data_dir, "100K", "1")
+    kept = conv.sessions[:sessions]
+    ids = {m.id for s in kept for m in s.messages}
+    keep = [q for q in questions if q.evidence_ids and set(q.evidence_ids) <= ids][:most]
+    return TaskSet("beam", "small", (Conversation(conv.id, kept, conv.meta),), tuple(keep))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import first_sessions
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import Conversation, TaskSet
@@ -22,12 +23,9 @@ DENSE = (SEEDS / "dense.py").read_text()
 @pytest.fixture(scope="module")
 def tasks(data_dir: Path) -> TaskSet:
     """Two sessions of BEAM-100K conversation 1 and the questions whose evidence lies there."""
-    conv, questions = load_conversation(data_dir, "100K", "1")
-    sessions = conv.sessions[:2]
-    ids = {m.id for s in sessions for m in s.messages}
-    keep = [q for q in questions if q.evidence_ids and set(q.evidence_ids) <= ids][:6]
-    assert len(keep) >= 3
-    return TaskSet("beam", "small", (Conversation(conv.id, sessions, conv.meta),), tuple(keep))
+    tasks = first_sessions(data_dir, 2, 6)
+    assert len(tasks.questions) >= 3
+    return tasks
 
 
 def variant(tmp_path: Path, name: str, old: str, new: str, base: str = DENSE) -> Path:

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import first_sessions
 
 from evolve.cli.eval import ceiling_line
 from evolve.cli.main import main
 from evolve.config import RunConfig
-from evolve.datasets.beam import load_conversation
-from evolve.datasets.types import Conversation, TaskSet
+from evolve.datasets.types import TaskSet
 from evolve.evolution.archive import archive
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import evaluate
@@ -35,12 +35,9 @@ BUDGET = 16000
 @pytest.fixture(scope="module")
 def tasks(data_dir: Path) -> TaskSet:
     """Three sessions of BEAM-100K conversation 1 and the questions whose evidence lies there."""
-    conv, questions = load_conversation(data_dir, "100K", "1")
-    sessions = conv.sessions[:3]
-    ids = {m.id for s in sessions for m in s.messages}
-    keep = [q for q in questions if q.evidence_ids and set(q.evidence_ids) <= ids][:8]
-    assert len(keep) >= 4
-    return TaskSet("beam", "small", (Conversation(conv.id, sessions, conv.meta),), tuple(keep))
+    tasks = first_sessions(data_dir, 3, 8)
+    assert len(tasks.questions) >= 4
+    return tasks
 
 
 def program(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:

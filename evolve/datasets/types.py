@@ -87,6 +87,17 @@ class TaskSet:
             out[q.conversation_id].append(q)
         return out
 
+    def evidence_texts(self) -> dict[str, list[str]]:
+        """Question id → the texts (:meth:`Message.text`) of its evidence messages, as the
+        scorers read them; an evidence id missing from its conversation is left out."""
+        out: dict[str, list[str]] = {}
+        by_conv = self.by_conversation()
+        for conv in self.conversations:
+            messages = conv.messages()
+            for q in by_conv[conv.id]:
+                out[q.id] = [messages[e][1].text() for e in q.evidence_ids if e in messages]
+        return out
+
 
 def read_json(path: Path) -> Any:
     """Parse one JSON file; any failure becomes a one-line `DataError` naming the file."""
