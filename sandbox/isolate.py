@@ -10,10 +10,11 @@ answers its backend requests (embeddings, LLM completions) through the ``serve``
 secrets, models and caches stay on the optimizer's side.
 
 Invariants:
-- Every request has a wall-clock deadline; reading, writing and waiting all honour it. When it
-  passes, or the host breaks the protocol, the whole process group is killed (SIGKILL) and
-  :class:`HostFailure` says why (:class:`HostTimeout` for the deadline). The optimizer never
-  blocks forever and never unpickles.
+- Every request has a wall-clock deadline; reading, writing and waiting all honour it, whatever
+  the descriptors' numbers (``poll``, never ``select``). When it passes, or the host breaks
+  the protocol, the whole process group is killed (SIGKILL) and :class:`HostFailure` says why
+  (:class:`HostTimeout` for the deadline). The optimizer never blocks forever and never
+  unpickles.
 - The deadline measures the program, not the optimizer: time spent answering the host's
   backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
   deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
@@ -177,8 +178,7 @@ class Host:
         fd = self.proc.stdin.fileno() if self.proc.stdin else -1
         view = memoryview(data)
         while view:
-            if not select.select([], [fd], [], self._left(deadline))[1]:
-                self._timeout()
+            self._ready(fd, select.POLLOUT, deadline)
             try:
                 view = view[os.write(fd, view[: 1 << 16]) :]
             except (BrokenPipeError, OSError):
@@ -190,8 +190,7 @@ class Host:
         def recv(n: int) -> bytes:
             buf = bytearray()
             while len(buf) < n:
-                if not select.select([fd], [], [], self._left(deadline))[0]:
-                    self._timeout()
+                self._ready(fd, select.POLLIN, deadline)
                 chunk = os.read(fd, min(n - len(buf), 1 << 20))
                 if not chunk:
                     raise self._died()
@@ -203,6 +202,15 @@ class Host:
         except WireError as exc:
             self.kill()
             raise HostFailure(f"host broke the protocol: {exc}") from None
+
+    def _ready(self, fd: int, event: int, deadline: float) -> None:
+        """Wait until ``fd`` is ready for ``event`` (or its peer hung up, which the read or
+        write then reports) or the deadline passes. ``poll``, not ``select``: select cannot
+        watch a descriptor numbered 1024 or more, which a busy process reaches."""
+        poller = select.poll()
+        poller.register(fd, event)
+        if not poller.poll(max(1, int(self._left(deadline) * 1000 + 0.999))):
+            self._timeout()
 
     def _left(self, deadline: float) -> float:
         left = deadline - time.monotonic()

@@ -63,10 +63,16 @@ def test_rubric_partial_credit_in_both_variants():
 
 
 def test_rubric_reply_outside_the_scale_is_asked_again():
-    llm = ScriptedLLM(['{"score": 0.7}', '{"score": 1}', '{"score": 1.0, "reason": "ok"}'])
+    def script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+        # by the conversation, not the call order: the two variants are judged at once
+        return '{"score": 0.7}' if len(messages) == 1 else '{"score": 1}'
+
+    llm = ScriptedLLM(script)
     judged = Scorer(llm).score(question(rubric=("full",)), "March 29")
-    assert judged.scores["beam_official"] == 1.0 and len(llm.transport_calls) == 3
-    assert "not one of 0, 0.5, 1" in llm.transport_calls[1][2][-1]["content"]
+    assert judged.scores["beam_official"] == judged.scores["beam_described"] == 1.0
+    asked_again = [m[-1]["content"] for _, _, m in llm.transport_calls if len(m) > 1]
+    assert len(llm.transport_calls) == 4 and len(asked_again) == 2  # once per variant
+    assert all("not one of 0, 0.5, 1" in prompt for prompt in asked_again)
 
 
 def test_event_ordering_uses_alignment_and_tau_norm():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tenacity import wait_none
 
-from evolve.models import MAX_IDLE, close_connections, sqlite_connection
+from evolve.models import MAX_FILES, MAX_IDLE, close_connections, sqlite_connection
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, parse_rates
 from evolve.models.llm import LLMError, ModelConfig, Models
@@ -104,3 +104,19 @@ def test_the_pool_keeps_few_idle_and_closes_what_a_closed_pool_lent(tmp_path: Pa
     assert not is_open(conn) and open_fds(path) == 0  # none left: SQLite closed every file
     with sqlite_connection(path, schema) as conn:  # opened again, the insert committed
         assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+@needs_proc
+def test_only_the_files_used_last_keep_idle_connections(tmp_path: Path) -> None:
+    """A worker evaluates run after run, each with its own cache folder: the idle connections
+    of files it no longer uses are closed, so its descriptors stay bounded (they once grew by
+    ~30 per evaluation until ``select`` failed above 1024)."""
+    schema = "CREATE TABLE IF NOT EXISTS t (x);"
+    paths = [tmp_path / f"run{i}" / "llm-cache.sqlite" for i in range(MAX_FILES + 5)]
+    for path in paths:
+        with sqlite_connection(path, schema) as conn:
+            conn.execute("INSERT INTO t VALUES (1)")
+    still_open = [path.parent.name for path in paths if open_fds(path)]
+    assert still_open == [path.parent.name for path in paths[-MAX_FILES:]]
+    with sqlite_connection(paths[0], schema) as conn:  # an evicted file opens again
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)

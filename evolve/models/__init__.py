@@ -2,18 +2,21 @@
 their test doubles (:mod:`.testing`). Importing this package loads neither torch nor litellm.
 
 Owns :func:`sqlite_connection`, the on-disk store shared by the embedding cache, the LLM request
-cache and the LLM call log. Invariants: connections are pooled per (process, file, schema): a
-thread borrows one for one transaction and gives it back, so a connection is used by one thread
-at a time and the connections open are bounded by the transactions in flight, never by the
-threads that ever ran (a connection kept per thread outlived its thread: Python 3.11's sqlite3
+cache and the LLM call log. Invariants: connections are pooled per (file, schema): a thread
+borrows one for one transaction and gives it back, so a connection is used by one thread at a
+time and the connections open are bounded by the transactions in flight, never by the threads
+that ever ran (a connection kept per thread outlived its thread: Python 3.11's sqlite3
 connection sits in a reference cycle with its statement cache, so only the cyclic collector
 closed it, and a process of short-lived thread pools ran out of file descriptors). Up to
 :data:`MAX_IDLE` connections per pool stay open between transactions (closing the last
-connection to a WAL file checkpoints and fsyncs it, which made every logged call cost ~12 ms);
-the pool takes no lock (deque ``append`` / ``pop`` are atomic), so a ``fork`` taken while another
-thread borrows cannot deadlock the child; WAL journal and a busy timeout, so several worker
-processes can read and write one file; a connection is never used after ``fork`` (the pid is
-part of the key).
+connection to a WAL file checkpoints and fsyncs it, which made every logged call cost ~12 ms),
+and only for the :data:`MAX_FILES` pools used last: using another closes the idle connections
+of the least recently used one (a worker process that evaluates run after run, each with its
+own cache folder, once kept every run's connections open until ``select`` failed above 1024
+descriptors). Borrowing and giving back take no lock (deque ``append`` / ``pop`` are atomic);
+only finding a pool does, and a forked child gets a fresh lock and an empty pool table: the
+parent's connections are never used, nor closed, after ``fork``. WAL journal and a busy
+timeout, so several worker processes can read and write one file.
 
 Also owns how damaged files are handled everywhere: :func:`damaged` reports one in one line on
 the ``evolve.damage`` logger (the CLI prints each such line once, as ``warning:``; a worker
@@ -34,8 +37,9 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,8 +54,24 @@ DAMAGE_LOG = logging.getLogger("evolve.damage")
 MAX_IDLE = 4
 """Connections per pool kept open between transactions; more, borrowed at once, are closed when
 given back."""
-_Key = tuple[int, str, str]  # (pid, path, schema)
-_pools: dict[_Key, deque[sqlite3.Connection]] = {}  # the idle connections of each pool
+MAX_FILES = 8
+"""Pools (files) that keep idle connections; the least recently used beyond these is closed."""
+_Key = tuple[str, str]  # (path, schema)
+_pools: OrderedDict[_Key, deque[sqlite3.Connection]] = OrderedDict()  # idle ones, by last use
+_pools_lock = threading.Lock()  # guards the table, not the pools
+_inherited: list[object] = []  # a forked child's copy of the parent's pools: never touched
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's pools are kept alive, unused (closing one would
+    checkpoint the parent's WAL file under it), and the table starts empty."""
+    global _pools_lock
+    _pools_lock = threading.Lock()
+    _inherited.append(dict(_pools))
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 DOUBLES: dict[str, Callable[..., Any]] = {}
 """Test doubles by name (``scripted``: an LLM client answering from a script), filled by the
@@ -74,8 +94,8 @@ def sqlite_connection(path: Path, schema: str) -> Iterator[sqlite3.Connection]:
     """A connection to ``path`` with ``schema`` (idempotent DDL) applied, lent to this thread for
     one transaction: ``with sqlite_connection(path, schema) as conn:`` commits on success and
     rolls back on error, then gives the connection back to its pool."""
-    key = (os.getpid(), str(path), schema)
-    pool = _pools.setdefault(key, deque())
+    key = (str(path), schema)
+    pool = _pool(key)
     try:
         conn = pool.pop()
     except IndexError:
@@ -85,6 +105,30 @@ def sqlite_connection(path: Path, schema: str) -> Iterator[sqlite3.Connection]:
             yield conn
     finally:
         _give_back(key, pool, conn)
+
+
+def _pool(key: _Key) -> deque[sqlite3.Connection]:
+    """The pool of ``key``, now the most recently used; the pools beyond :data:`MAX_FILES`
+    leave the table and their idle connections are closed (a lent one when given back)."""
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = deque()
+        _pools.move_to_end(key)
+        evicted = [_pools.popitem(last=False)[1] for _ in range(len(_pools) - MAX_FILES)]
+    for old in evicted:
+        _close_idle(old)
+    return pool
+
+
+def _close_idle(pool: deque[sqlite3.Connection]) -> None:
+    """Close the idle connections of a pool that left the table."""
+    while True:
+        try:  # a borrower may take one meanwhile: it closes it when giving it back
+            conn = pool.pop()
+        except IndexError:
+            return
+        conn.close()
 
 
 def _connect(path: Path, schema: str) -> sqlite3.Connection:
@@ -105,6 +149,8 @@ def _give_back(key: _Key, pool: deque[sqlite3.Connection], conn: sqlite3.Connect
     """Keep ``conn`` idle in ``pool``, unless the pool is full or was closed meanwhile."""
     if _pools.get(key) is pool and len(pool) < MAX_IDLE:
         pool.append(conn)
+        if _pools.get(key) is not pool:  # the pool left the table meanwhile
+            _close_idle(pool)
     else:
         conn.close()
 
@@ -156,14 +202,10 @@ def _still_corrupt(path: Path) -> bool:
 def close_connections(path: Path) -> None:
     """Close this process's idle connections to ``path`` (one lent out now is closed when given
     back); the next use opens the file again."""
-    for key in [k for k in _pools if k[:2] == (os.getpid(), str(path))]:
-        pool = _pools.pop(key)
-        while True:
-            try:  # a borrower may take one meanwhile: it closes it when giving it back
-                conn = pool.pop()
-            except IndexError:
-                break
-            conn.close()
+    with _pools_lock:
+        pools = [_pools.pop(k) for k in [k for k in _pools if k[0] == str(path)]]
+    for pool in pools:
+        _close_idle(pool)
 
 
 def set_aside(path: Path) -> Path | None:

@@ -235,8 +235,9 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _client_gone(self) -> bool:
-        readable, _, _ = select.select([self.connection], [], [], 0)
-        if not readable:
+        poller = select.poll()  # not select(): it cannot watch a descriptor numbered 1024 or more
+        poller.register(self.connection, select.POLLIN)
+        if not poller.poll(0):
             return False
         try:
             return self.connection.recv(1, socket.MSG_PEEK) == b""
