@@ -1,6 +1,6 @@
 """What a run spends on models: its call log, the caps, and the estimate before a run.
 
-Owns the run's call log ``<run>/calls.sqlite`` (table ``calls`` of :mod:`evolve.models.llm`):
+Owns the run's call log ``<run>/calls.sqlite`` (:mod:`evolve.models.calllog`):
 every LLM call of the run — the coder's proposals and repairs, the task model's extraction,
 planning and answers in the evaluation workers — is appended by
 :class:`~evolve.models.llm.LLMClient` as the call returns, before its reply is used.
@@ -26,13 +26,12 @@ Invariants:
 from __future__ import annotations
 
 import math
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve.models import is_corrupt, sqlite_connection
-from evolve.models.llm import CALLS_SCHEMA, ModelConfig, damaged_log
+from evolve.models import calllog
+from evolve.models.llm import ModelConfig
 from evolve.models.usage import Tally as Tally  # re-exported
 
 CALLS_FILE = "calls.sqlite"
@@ -64,16 +63,7 @@ def read_spend(run_root: Path) -> Spend:
     path = calls_path(run_root)
     if not path.exists():
         return spend
-    try:
-        with sqlite_connection(path, CALLS_SCHEMA) as conn:
-            cursor = conn.execute("SELECT * FROM calls ORDER BY id")  # older logs: fewer columns
-            names = [d[0] for d in cursor.description]
-            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
-    except sqlite3.DatabaseError as exc:
-        if not is_corrupt(exc):
-            raise
-        raise damaged_log(path, exc) from None
-    for row in rows:
+    for row in calllog.read_rows(path):
         spend.total.add(row)
         spend.by_role.setdefault(row["role"], Tally()).add(row)
         spend.by_stage.setdefault(f"{row['role']}/{row['stage']}", Tally()).add(row)

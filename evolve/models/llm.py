@@ -1,9 +1,10 @@
 """LLM calls by role: configuration, transport with retries, JSON repair, request cache, accounting.
 
 Owns :data:`ROLES`, :class:`ModelConfig`, :class:`Models`, :class:`LLMClient`, :class:`Completion`,
-:class:`UsageRecord`, :class:`LLMError`, :class:`JSONReplyError`, :func:`parse_json_reply`, the
-call log's schema (:data:`CALLS_SCHEMA`) and :func:`log_connection`. One transport attempt and
-the retry rule's bookkeeping are :mod:`evolve.models.attempts`.
+:class:`UsageRecord`, :class:`JSONReplyError` and :func:`parse_json_reply`; re-exports
+:class:`~evolve.models.calllog.LLMError`. One transport attempt and the retry rule's
+bookkeeping are :mod:`evolve.models.attempts`; the call log's table and its readers,
+:mod:`evolve.models.calllog`.
 
 Invariants:
 
@@ -11,8 +12,9 @@ Invariants:
   real transport call (with ``LITELLM_LOCAL_MODEL_COST_MAP`` set, so it never fetches prices).
 - Every :meth:`LLMClient.complete` call — success, cache hit (``cached=True``, cost 0) or failure —
   becomes one :class:`UsageRecord`, kept in memory and, when ``log_path`` is set, appended to the
-  SQLite table ``calls``. Token counts on a cache hit are those of the cached response (the work
-  the request represents); ``cost_usd`` is money actually spent (None when litellm has no price).
+  call log (:func:`evolve.models.calllog.append`). Token counts on a cache hit are those of the
+  cached response (the work the request represents); ``cost_usd`` is money actually spent (None
+  when litellm has no price).
 - The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only,
   keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
   json_schema, extra params without secret-named ones). Prompts are not stored, only their hash.
@@ -32,9 +34,7 @@ Invariants:
   backoff with jitter). A timed-out attempt counts as a real failure.
 - The record of a call counts its transport ``retries`` (attempts after the first), how many
   of its attempts were ``rate_limited`` (429) and how many ``timeouts``, and ``repair`` (the
-  call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`). The
-  log gains these columns when an older log is first written to (:func:`log_connection`);
-  readers of an older log read them as 0.
+  call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`).
 - A client is safe to call from many threads: the records are kept under a lock, and each
   SQLite transaction (call log, request cache) borrows a connection from the process's pool for
   that file (:func:`evolve.models.sqlite_connection`), so threads that end leave none open.
@@ -51,11 +51,9 @@ import json
 import logging
 import os
 import re
-import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,8 +67,9 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from evolve.models import cache_transaction, is_corrupt, sqlite_connection
+from evolve.models import cache_transaction, calllog
 from evolve.models.attempts import Attempts, is_transient, within
+from evolve.models.calllog import CALLS_SCHEMA, LLMError
 from evolve.models.limiter import Limiter
 from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
@@ -86,61 +85,6 @@ LOCAL_API_KEY = "no-key"
 T = TypeVar("T")
 Message = dict[str, Any]
 log = logging.getLogger(__name__)
-
-CALLS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, role TEXT NOT NULL,
-    stage TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL,
-    cached INTEGER NOT NULL, request_hash TEXT NOT NULL, error TEXT,
-    retries INTEGER NOT NULL DEFAULT 0, rate_limited INTEGER NOT NULL DEFAULT 0,
-    timeouts INTEGER NOT NULL DEFAULT 0, repair INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS responses (
-    request_hash TEXT PRIMARY KEY, text TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL, model TEXT NOT NULL
-);
-"""
-# Columns added to ``calls`` after its first version: an older log gains them when written to.
-FAULT_COLUMNS = ("retries", "rate_limited", "timeouts", "repair")
-_migrated: set[tuple[int, str]] = set()
-
-
-@contextmanager
-def log_connection(path: Path) -> Iterator[sqlite3.Connection]:
-    """A connection to the call log at ``path`` for one transaction
-    (:func:`evolve.models.sqlite_connection`), with the columns of :data:`FAULT_COLUMNS` added
-    to an older log (once per process and file)."""
-    with sqlite_connection(path, CALLS_SCHEMA) as conn:
-        key = (os.getpid(), str(path))
-        if key not in _migrated:
-            _add_fault_columns(conn)
-            _migrated.add(key)
-        yield conn
-
-
-def _add_fault_columns(conn: sqlite3.Connection) -> None:
-    have = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
-    for name in FAULT_COLUMNS:
-        if name not in have:
-            try:  # DDL: committed at once, outside the caller's transaction
-                conn.execute(f"ALTER TABLE calls ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
-            except sqlite3.OperationalError as exc:  # another process or thread added it first
-                if "duplicate column" not in str(exc):
-                    raise
-
-
-class LLMError(RuntimeError):
-    """A call failed for good: not configured, non-transient error, retries or repairs spent."""
-
-
-def damaged_log(path: Path, exc: Exception) -> LLMError:
-    """The error for a call log SQLite calls corrupt: the log records what a run spent, so it
-    is never replaced silently (unlike a cache); the user decides."""
-    return LLMError(
-        f"call log {path} is damaged ({exc}); it records what the run spent, so it is not "
-        "replaced: move it aside to continue (spend caps then count from zero)"
-    )
 
 
 class JSONReplyError(LLMError):
@@ -521,16 +465,5 @@ class LLMClient:
         )
         with self._lock:
             self._records.append(record)
-        if self.log_path is None:
-            return
-        row = asdict(record)
-        try:
-            with log_connection(self.log_path) as conn:
-                conn.execute(
-                    f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                    [int(v) if isinstance(v, bool) else v for v in row.values()],
-                )
-        except sqlite3.DatabaseError as exc:  # the spend record: never replaced silently
-            if not is_corrupt(exc):
-                raise
-            raise damaged_log(self.log_path, exc) from None
+        if self.log_path is not None:
+            calllog.append(self.log_path, asdict(record))
