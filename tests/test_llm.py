@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import sqlite3
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from tenacity import wait_none
 
 from evolve.models.llm import (
+    LOUD_RETRY,
     Completion,
     LLMClient,
     LLMError,
@@ -267,3 +269,32 @@ def test_real_transport_against_local_server(
     again = llm.complete("task", "extract", "give n", json_schema=SCHEMA)
     assert again.cached and len(bodies) == 1
     assert (again.prompt_tokens, again.completion_tokens, again.model) == (11, 3, "openai/local")
+
+
+def test_a_call_warns_once_at_its_third_retry_not_at_every_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retries are counted in the call log; stderr hears of a call once it keeps failing."""
+    import litellm
+
+    monkeypatch.setattr(LLMClient, "retry_wait", wait_none())
+    real = ScriptedLLM._transport
+
+    def failing(times: int) -> Any:
+        failures = [litellm.ServiceUnavailableError("503", "openai", "scripted")] * times
+
+        def flaky(self: ScriptedLLM, *args: Any, **kwargs: Any) -> Completion:
+            if failures:
+                raise failures.pop()
+            return real(self, *args, **kwargs)
+
+        return flaky
+
+    for times, warnings in ((LOUD_RETRY - 1, 0), (LLMClient.retry_attempts - 1, 1)):
+        caplog.clear()
+        monkeypatch.setattr(ScriptedLLM, "_transport", failing(times))
+        with caplog.at_level(logging.DEBUG, logger="evolve.models.llm"):
+            assert ScriptedLLM(["ok"]).complete("task", "eval/answer", "hi").text == "ok"
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(loud) == warnings and len(caplog.records) == times
+        assert all("task/eval/answer scripted: attempt 3 failed" in r.getMessage() for r in loud)

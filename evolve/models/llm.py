@@ -31,7 +31,8 @@ Invariants:
   budget meant for real failures. A ``Retry-After`` (seconds or an HTTP date) is waited out
   jointly: the limiter's shared "not before" time holds every process of the run back (without
   a limiter, the call sleeps it itself); other failures wait ``retry_wait`` (exponential
-  backoff with jitter). A timed-out attempt counts as a real failure.
+  backoff with jitter). A timed-out attempt counts as a real failure. A call's retries are
+  logged at DEBUG, but its :data:`LOUD_RETRY`-th, a warning: every retry is in the call log.
 - The record of a call counts its transport ``retries`` (attempts after the first), how many
   of its attempts were ``rate_limited`` (429) and how many ``timeouts``, and ``repair`` (the
   call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`).
@@ -60,8 +61,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import (
+    RetryCallState,
     Retrying,
-    before_sleep_log,
     retry_if_exception,
     wait_random_exponential,
 )
@@ -81,6 +82,9 @@ JSON_ATTEMPTS = 3
 # Sent to an ``api_base`` whose provider key is not in the environment: local OpenAI-compatible
 # servers accept any key, but litellm's provider refuses to call without one.
 LOCAL_API_KEY = "no-key"
+# The retry of a call that says so on stderr (a warning): earlier retries are logged at DEBUG
+# only, as every retry is counted in the call log, so a flaky provider does not flood the run.
+LOUD_RETRY = 3
 
 T = TypeVar("T")
 Message = dict[str, Any]
@@ -152,6 +156,18 @@ class UsageRecord:
     rate_limited: int = 0  # attempts answered 429
     timeouts: int = 0  # attempts abandoned at their timeout
     repair: bool = False  # the call re-asked for valid JSON (LLMClient.complete_json)
+
+
+def _say_retry(state: RetryCallState, call: str, config: ModelConfig) -> None:
+    """Log a retry of ``call``: a warning at its :data:`LOUD_RETRY`-th attempt, else DEBUG."""
+    failure = state.outcome.exception() if state.outcome is not None else None
+    pause = state.next_action.sleep if state.next_action is not None else 0.0
+    loud = state.attempt_number == LOUD_RETRY
+    why = _redact(f"{type(failure).__name__}: {failure}", config)[:200]
+    more = " (its further retries are counted, not shown)" if loud else ""
+    log.log(logging.WARNING if loud else logging.DEBUG,
+            "%s %s: attempt %d failed (%s); retrying in %.1f s%s",
+            call, config.model, state.attempt_number, why, pause, more)  # fmt: skip
 
 
 def _as_messages(messages: list[Message] | str) -> list[Message]:
@@ -250,7 +266,7 @@ class LLMClient:
             retry=retry_if_exception(is_transient),
             stop=lambda _: counts.spent(self.retry_attempts, self.rate_limit_attempts),
             wait=lambda state: counts.pause(lambda: float(self.retry_wait(state))),
-            before_sleep=before_sleep_log(log, logging.WARNING),
+            before_sleep=lambda state: _say_retry(state, f"{role}/{stage}", config),
             reraise=True,
         )
         try:
