@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -24,7 +25,7 @@ from evolve.evolution.budget import read_spend
 from evolve.models import attempts
 from evolve.models.clients import llm_client, role_client
 from evolve.models.fake_server import FakeModelServer, Fault, FaultPlan
-from evolve.models.limiter import Limiter, retry_after_seconds
+from evolve.models.limiter import FORGET_S, Limiter, retry_after_seconds, shared_limiter
 from evolve.models.llm import LLMClient, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
 from evolve.models.usage import fault_text
@@ -327,3 +328,28 @@ def test_clients_built_per_job_share_one_limiter_and_its_descriptors(tmp_path: P
     # no growth (other objects of the test process may close descriptors meanwhile)
     assert len(os.listdir("/proc/self/fd")) <= before
     assert client().limiter is client().limiter
+
+
+def test_folders_of_runs_long_gone_are_removed_but_not_one_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every call log ever used gets a limiter folder in the temporary directory: making a
+    limiter sweeps those untouched for a day with no slot held (486 had piled up here)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = shared_limiter(tmp_path / "old-run.sqlite", 2)
+    with first.slot():
+        pass
+    held = shared_limiter(tmp_path / "old-but-held.sqlite", 2)
+    with held.slot():
+        pass
+    recent = shared_limiter(tmp_path / "recent.sqlite", 2)
+    with recent.slot():
+        pass
+    long_ago = time.time() - FORGET_S - 60
+    for folder in (first.root, held.root):
+        for path in (*folder.iterdir(), folder):
+            os.utime(path, (long_ago, long_ago))
+    with held.slot():  # a run that holds a slot is never swept, however old its files
+        shared_limiter(tmp_path / "new-run.sqlite", 2)
+    assert not first.root.exists()
+    assert held.root.is_dir() and recent.root.is_dir()

@@ -9,7 +9,8 @@ A limiter lives in a folder of small files (design §2): ``slot-<i>.lock`` for e
 opens a limiter on the same folder — the executor's worker processes, the parent's judge,
 annotator and coder clients — shares one limit; :func:`shared_limiter` keys the folder on the
 run's call log and puts it in this machine's temporary directory, so on Ray the limit is per
-node.
+node. Making one removes the folders of runs long gone (untouched for :data:`FORGET_S`, no slot
+held), so the temporary directory does not fill with a folder per call log ever used.
 
 Invariants:
 
@@ -50,6 +51,7 @@ from pathlib import Path
 DEFAULT_CONCURRENCY = 16
 DEFAULT_BACKOFF_S = 1.0  # the joint back-off after a 429 that names no Retry-After
 STALE_S = 600.0  # a state untouched this long is a previous run's: read as fresh
+FORGET_S = 86400.0  # a folder untouched this long, no slot held, is removed (_sweep)
 POLL_S = (0.005, 0.05)  # first and longest pause between looks for a free slot
 _STATE = struct.Struct("<dddd")  # window, not_before, decreased_at, updated (unix seconds)
 _LIMITERS: weakref.WeakSet[Limiter] = weakref.WeakSet()  # to forget their descriptors on fork
@@ -209,8 +211,44 @@ def shared_limiter(log_path: Path | None, limit: int = DEFAULT_CONCURRENCY) -> L
     key = (str(root), limit)
     with _SHARED_LOCK:
         if key not in _SHARED:
+            _sweep(root.parent, keep=root)
             _SHARED[key] = Limiter(root, limit)
         return _SHARED[key]
+
+
+def _sweep(parent: Path, keep: Path) -> None:
+    """Remove the limiter folders under ``parent`` of runs long gone: nothing in them written
+    for :data:`FORGET_S` seconds and no slot held now (a run that wakes up after that opens its
+    folder anew). A folder another process is sweeping or using is left alone."""
+    cutoff = time.time() - FORGET_S
+    try:
+        folders = [p for p in parent.iterdir() if p.is_dir() and p != keep]
+    except OSError:  # no parent yet
+        return
+    for folder in folders:
+        try:
+            files = list(folder.iterdir())
+            if max([folder.stat().st_mtime, *(f.stat().st_mtime for f in files)]) > cutoff:
+                continue
+            if any(_held(f) for f in files if f.name.startswith("slot-")):
+                continue
+            for f in files:
+                f.unlink()
+            folder.rmdir()
+        except OSError:
+            continue
+
+
+def _held(path: Path) -> bool:
+    """Whether some process holds the slot lock file at ``path`` now."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the lock this probe may have taken
+    return False
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
