@@ -9,6 +9,7 @@ model server, one conversation with ``jobs=1`` keeps several requests in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -17,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import first_sessions
 
-from evolve.datasets.beam import load_conversation
-from evolve.datasets.types import Conversation, TaskSet
+from evolve.datasets.types import TaskSet
 from evolve.executor import evaluate
 from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
@@ -51,14 +52,11 @@ def jittery_judge(role: str, stage: str, messages: list[Message]) -> str:
 def tasks(data_dir: Path) -> TaskSet:
     """Three sessions of BEAM-100K conversation 1, eight questions, and a copy of the first
     question under another id (it shares its plan, retrieval and answer keys)."""
-    conv, questions = load_conversation(data_dir, "100K", "1")
-    sessions = conv.sessions[:3]
-    ids = {m.id for s in sessions for m in s.messages}
-    keep = [q for q in questions if q.evidence_ids and set(q.evidence_ids) <= ids][:8]
+    small = first_sessions(data_dir, 3, 8)
+    keep = list(small.questions)
     assert len(keep) >= 4 and any(q.rubric for q in keep)
-    twin = type(keep[0])(**{**keep[0].__dict__, "id": f"{keep[0].id}-twin"})
-    keep.insert(3, twin)
-    return TaskSet("beam", "small", (Conversation(conv.id, sessions, conv.meta),), tuple(keep))
+    keep.insert(3, dataclasses.replace(keep[0], id=f"{keep[0].id}-twin"))
+    return dataclasses.replace(small, questions=tuple(keep))
 
 
 def _evaluate(program: Path, tasks: TaskSet, cache: Path, concurrency: int) -> dict[str, Any]:
