@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from optuna.distributions import IntDistribution
 
 from evolve.cli.main import build_parser
 from evolve.cli.run import _run_config
@@ -18,7 +19,7 @@ from evolve.config import RunConfig
 from evolve.evolution.offline import OfflineProposer, tunables
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.tpe import STARTUP, TPEProposer, offline_proposer
+from evolve.evolution.tpe import STARTUP, SUBSPACE, TPEProposer, offline_proposer
 from sandbox.fingerprint import changed_components
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
@@ -114,9 +115,9 @@ def test_a_fresh_proposer_continues_the_stored_study(tmp_path: Path) -> None:
     flipped = RunStore.create(tmp_path, {"config": {}}, run_id="flipped")
     for c in whole.candidates():
         file(flipped, whole.source(c.id), c.parents, -c.scores["train"]["overall"]["fitness"])
-    req = request(whole, rounds)
-    moved = TPEProposer(1, whole.root).propose(req)
-    assert TPEProposer(1, flipped.root).propose(req).source != moved.source
+    reqs = [request(whole, rounds, child=k) for k in range(4)]  # 4 subspaces, 3 tunables each
+    moved = [TPEProposer(1, whole.root).propose(req).source for req in reqs]
+    assert [TPEProposer(1, flipped.root).propose(req).source for req in reqs] != moved
 
 
 def test_a_replayed_round_proposes_the_same_child(tmp_path: Path) -> None:
@@ -155,19 +156,20 @@ def test_a_replayed_round_proposes_the_same_second_child(tmp_path: Path) -> None
 def test_only_train_scores_and_the_target_steer_it(tmp_path: Path) -> None:
     base = new_run(tmp_path, "base")
     evolve(base, TPEProposer(5, base.root), range(STARTUP + 3))
-    req = request(base, STARTUP + 3, target="F")
-    proposal = TPEProposer(5, base.root).propose(req)
+    reqs = [request(base, STARTUP + 3, target="F", child=k) for k in range(4)]
+    proposals = [TPEProposer(5, base.root).propose(req) for req in reqs]
 
-    def rescored(name: str, make: Callable[[float], dict[str, dict[str, object]]]) -> Proposal:
+    def rescored(name: str, make: Callable[[float], dict[str, dict[str, object]]]) -> list[str]:
         store = RunStore(shutil.copytree(base.root, tmp_path / name))
         for c in store.candidates():
             store.update(c.id, scores=make(c.scores["train"]["overall"]["fitness"]))
-        return TPEProposer(5, store.root).propose(req)
+        return [TPEProposer(5, store.root).propose(req).source for req in reqs]
 
-    assert rescored("valid", lambda t: scores(t, valid=-t)) == proposal  # valid never read
+    sources = [p.source for p in proposals]
+    assert rescored("valid", lambda t: scores(t, valid=-t)) == sources  # valid never read
     # refinement's objective is the target's train fitness, not the overall one
-    assert rescored("target", lambda t: scores(t, f=-t)).source != proposal.source
-    assert rescored("overall", lambda t: scores(-t, f=t)) == proposal
+    assert rescored("target", lambda t: scores(t, f=-t)) != sources
+    assert rescored("overall", lambda t: scores(-t, f=t)) == sources
 
 
 def test_integration_searches_only_where_the_programs_differ(tmp_path: Path) -> None:
@@ -211,3 +213,42 @@ def test_the_flag_reaches_the_run_config(data_dir: Path, tmp_path: Path) -> None
     for extra, expected in (([], "optuna"), (["--offline-search", "random"], "random")):
         args = build_parser().parse_args([*argv, *extra])
         assert _run_config(args).offline_search == expected
+
+
+def test_a_child_searches_a_few_tunables_the_targets_guided_first(tmp_path: Path) -> None:
+    """TPE over all eighteen tunables with a dozen trials sampled almost uniformly: every
+    such child of a BEAM run was far worse than its parent. A child moves few, the target
+    capability's guided ones first."""
+    store = new_run(tmp_path, "r")
+    evolve(store, TPEProposer(2, store.root), range(STARTUP + 2))
+    for k in range(4):
+        changes = TPEProposer(2, store.root).propose(request(store, STARTUP + 2, target="P",
+                                                             child=k)).changes  # fmt: skip
+        assert changes is not None and 1 <= len(changes) <= SUBSPACE
+        guided = {"USER_WEIGHT", "ASSISTANT_WEIGHT"}  # GUIDANCE["P"]
+        assert set(changes) & guided or len(changes) < SUBSPACE, changes
+
+
+def test_children_the_cascade_stopped_are_trials_at_their_estimated_value(tmp_path: Path) -> None:
+    store = new_run(tmp_path, "r")
+    seed = store.candidates()[0]
+    train = {**seed.scores["train"], "questions": {"q1": 0.8, "q2": 0.6, "q3": 0.5},
+             "question_capabilities": {"q1": "F", "q2": "F", "q3": "T"}}  # fmt: skip
+    store.update(seed.id, scores={**seed.scores, "train": train})
+    child = store.add_candidate(HYBRID.replace("TOP_K = 80", "TOP_K = 40"), parents=[seed.id],
+                                stage="refinement", capability="F", message="m")  # fmt: skip
+    store.update(
+        child.id,
+        status="stopped",
+        cascade={"parent": seed.id, "verdict": "stopped"},
+        scores={"minibatch": {"questions": {"q1": 0.4, "q2": 0.4, "q3": 0.5}}},
+    )
+    space = {"TOP_K": IntDistribution(5, 500, log=True)}
+    proposer, f = TPEProposer(0, store.root), objective(HYBRID)
+    on_f = proposer._trials(request(store, 1, target="F"), space)  # F's two questions: -0.3
+    assert [(p, round(v, 6)) for p, v in on_f] == [
+        ({"TOP_K": 80}, round(f, 6)),
+        ({"TOP_K": 40}, round(f - 0.3, 6)),
+    ]
+    overall = proposer._trials(request(store, 1), space)  # all three: -0.2
+    assert [round(v, 6) for _, v in overall] == [round(f, 6), round(f - 0.2, 6)]

@@ -9,16 +9,26 @@ asked for, never kept beside it (as the archive is derived from the store): its 
 run's evaluated candidates whose source the request counts as known (``Request.known``) but
 this round's earlier children (``Request.siblings``: judged together with this one, after it
 is proposed), in creation order; a trial's params are the candidate's tunable values
-(:func:`~evolve.evolution.offline.tunables`), its value the round's objective read from the
-candidate's **train** scores only — the capability's fitness in refinement
-(``Request.target``), the overall fitness otherwise (:func:`evolve.evolution.archive.fitness`).
-A candidate whose values fall outside the space is left out. The space comes from the parent's
-live tunables and their ranges (declared, else inferred): ints as ints (log scale when the
-range spans at least :data:`LOG_RATIO`), floats as floats (rounded to 3 significant digits
-once sampled), bools as a categorical. Sampling is multivariate TPE seeded by (seed, round,
-child, partner). Until the study holds :data:`STARTUP` trials the child is the random
-strategy's (local moves from the parent, or crossover): TPE's own startup would sample the
-whole space uniformly, far from a tuned seed, and a short run would spend its budget there.
+(:func:`~evolve.evolution.offline.tunables`), its value the round's objective read from
+**train** scores only — the capability's fitness in refinement (``Request.target``), the
+overall fitness otherwise (:func:`evolve.evolution.archive.fitness`). A child the cascade
+stopped is a trial too: its value is its parent's objective plus its paired difference to the
+parent on the minibatch questions (the target capability's, when the minibatch has some), so
+the many children the cascade stops still teach the model where not to go. A candidate whose
+values fall outside the space is left out.
+
+The space. A child searches only :data:`SUBSPACE` of the parent's live tunables — the target
+capability's guided ones (:data:`~evolve.evolution.offline.GUIDANCE`) first, then others drawn
+by (seed, round, child) — and keeps the rest at the parent's values: TPE over all eighteen
+tunables of the hybrid seed with a dozen trials samples nearly uniformly, and every such
+child of a BEAM run (27 of 27, ``bench/search.py``) was far worse than its parent; a few
+dimensions at a time it can place its samples. Each searched tunable spans its range
+(declared, else inferred): ints as ints (log scale when the range spans at least
+:data:`LOG_RATIO`), floats as floats (rounded to 3 significant digits once sampled), bools as a
+categorical. Sampling is multivariate TPE seeded by (seed, round, child, partner). Until the
+study holds :data:`STARTUP` trials the child is the random strategy's (local moves from the
+parent, or crossover): TPE's own startup would sample the space uniformly, far from a tuned
+seed, and a short run would spend its budget there.
 
 Integration (``Request.specialists`` non-empty) is crossover followed by search: the space is
 only the tunables where the parent and its partner (the first specialist that differs in some
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import warnings
 from pathlib import Path
 
@@ -55,6 +66,7 @@ from optuna.distributions import (
 from evolve.config import RunConfig
 from evolve.evolution.archive import fitness
 from evolve.evolution.offline import (
+    GUIDANCE,
     OfflineProposer,
     Tunable,
     Value,
@@ -68,6 +80,7 @@ from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.store import CandidateMeta, RunStore
 
 ATTEMPTS = 8  # TPE samples tried per child before falling back to a random mutation
+SUBSPACE = 3  # tunables one child searches, the rest stay the parent's (module docstring)
 STARTUP = 6  # trials in the study before TPE proposes (the random strategy's moves until then)
 LOG_RATIO = 20.0  # a positive range with high / low at least this is searched on a log scale
 
@@ -99,7 +112,8 @@ class TPEProposer(OfflineProposer):
         found = {t.name: t for t in tunables(parent.source) if t.name in live_names(parent.source)}
         partner, space = _integration_space(found, request.specialists)
         if partner is None:
-            space = {n: d for n, t in found.items() if (d := _distribution(t)) is not None}
+            movable = {n: d for n, t in found.items() if (d := _distribution(t)) is not None}
+            space = {n: movable[n] for n in self._subspace(request, sorted(movable))}
         if not space:
             return super().propose(request)
         study = self._study(request, space, partner)
@@ -113,6 +127,18 @@ class TPEProposer(OfflineProposer):
             if edits and _sha256(source) not in request.known:
                 return self._proposal(request, partner, source, edits)
         return super().propose(request)
+
+    def _subspace(self, request: Request, names: list[str]) -> list[str]:
+        """The :data:`SUBSPACE` tunables this child searches: the target capability's guided
+        ones (:data:`~evolve.evolution.offline.GUIDANCE`) first, then others, each group in an
+        order drawn from (seed, round, child)."""
+        keywords = [k for k, _ in GUIDANCE.get(request.target or "", ())]
+        rng = random.Random(f"{self.seed}:{request.round_no}:{request.child}:subspace")
+        guided = [n for n in names if any(k in n for k in keywords)]
+        rest = [n for n in names if n not in guided]
+        rng.shuffle(guided)
+        rng.shuffle(rest)
+        return (guided + rest)[:SUBSPACE]
 
     def _study(self, request: Request, space: Space, partner: CandidateView | None) -> optuna.Study:
         """The run's study for this child: a seeded sampler, the known candidates as trials."""
@@ -134,15 +160,19 @@ class TPEProposer(OfflineProposer):
         """(params, objective) of every evaluated candidate the request knows, in creation
         order; one whose values lie outside ``space`` is left out."""
         store = RunStore(self.run_dir)
+        metas = {meta.id: meta for meta in store.candidates()}
         out = []
-        for meta in store.candidates():
+        for meta in metas.values():
             sha = meta.source_sha256
-            if meta.status != "evaluated" or sha not in request.known or sha in request.siblings:
+            if sha not in request.known or sha in request.siblings:
+                continue
+            value = _objective(meta, request.target, metas)
+            if value is None:
                 continue
             values = {t.name: t.value for t in tunables(store.source(meta.id))}
             params = {n: values[n] for n in space if n in values}
             if len(params) == len(space) and all(_inside(space[n], v) for n, v in params.items()):
-                out.append((params, _objective(meta, request.target)))
+                out.append((params, value))
         return out
 
     def _proposal(
@@ -216,8 +246,31 @@ def _inside(space: BaseDistribution, value: Value) -> bool:
     return type(value) is kind and low <= value <= high
 
 
-def _objective(meta: CandidateMeta, target: str | None) -> float:
-    """The round's objective on a candidate's train scores (never valid)."""
+def _objective(
+    meta: CandidateMeta, target: str | None, metas: dict[str, CandidateMeta]
+) -> float | None:
+    """The round's objective on a candidate's train scores (never valid); for a child the
+    cascade stopped, its parent's objective plus the child's paired difference to it on the
+    minibatch questions (of the target capability, when the minibatch has some); None for a
+    candidate with neither."""
+    if meta.status == "evaluated":
+        return _train_objective(meta, target)
+    parent = metas.get((meta.cascade or {}).get("parent", ""))
+    mine = meta.scores.get("minibatch", {}).get("questions", {})
+    if meta.status != "stopped" or parent is None or parent.status != "evaluated" or not mine:
+        return None
+    train = parent.scores.get("train", {})
+    theirs, capability = train.get("questions", {}), train.get("question_capabilities", {})
+    shared = [q for q in mine if mine[q] is not None and theirs.get(q) is not None]
+    aimed = [q for q in shared if capability.get(q) == target] if target else []
+    paired = aimed or shared
+    if not paired:
+        return None
+    difference = sum(mine[q] - theirs[q] for q in paired) / len(paired)
+    return _train_objective(parent, target) + difference
+
+
+def _train_objective(meta: CandidateMeta, target: str | None) -> float:
     train = meta.scores.get("train", {})
     block = train.get("by_capability", {}).get(target) if target else train.get("overall")
     return fitness(block)
