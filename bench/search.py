@@ -31,6 +31,7 @@ from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
 from evolve.evolution.cascade import saved_seconds
 from evolve.evolution.loop import Evolution, worker_config
+from evolve.evolution.manifest import build_manifest
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import evaluate
 from evolve.resources import seed_file
@@ -77,7 +78,7 @@ def cascade_saved(candidates: list[CandidateMeta]) -> float | None:
 def search(config: RunConfig, runs: Path, strategy: str) -> dict[str, Any]:
     """One run with ``strategy``: its best program, evaluated count and seconds."""
     config = config.replace(offline_search=strategy)
-    store = RunStore.create(runs, {"config": config.as_json()}, run_id=strategy)
+    store = RunStore.create(runs, build_manifest(config), run_id=strategy)  # as `evolve run`
     began = time.perf_counter()
     best = Evolution(store, config).run()
     wall = time.perf_counter() - began
