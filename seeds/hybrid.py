@@ -15,8 +15,10 @@ returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT c
 the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
-The offline proposer searches them within those ranges. The defaults are the seed's original
-behaviour (no expansion, no prior, no cap, no overlap, whole units by relevance).
+The offline proposer searches them within those ranges, but for DATE_PREFIX, a choice of
+format (the offline fitness cannot see what the dates give a reader). The defaults are the
+seed's original behaviour (no expansion, no prior, no cap, no overlap, whole units by
+relevance).
 """
 
 import re
@@ -37,7 +39,7 @@ MIN_SCORE = 0.15  # fused-score floor for a unit to be kept (range 0.0-0.8)
 MMR_LAMBDA = 1.0  # relevance vs diversity in MMR; 1.0 turns MMR off (range 0.3-1.0)
 NEIGHBOURS = 0  # adjacent units of the same session added after each hit (range 0-3)
 CHUNK_CHARS = 600  # chunk size for scoring long units (range 200-4000)
-DATE_PREFIX = True  # prefix each returned unit with its date (bool)
+DATE_PREFIX = True  # prefix each returned unit with its date (bool) (format)
 RETURN_CHUNK = False  # a hit returns its best chunk (with context), not its whole unit (bool)
 CHUNK_CONTEXT = 150  # unit characters kept each side of a returned chunk (range 0-1000)
 CHRONOLOGICAL = False  # list the packed units in indexing order, not by relevance (bool)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.evolution.offline import GUIDANCE, OfflineProposer, Tunable, tunables
+from evolve.evolution.offline import GUIDANCE, OfflineProposer, Tunable, searchable, tunables
 from sandbox.fingerprint import changed_components
 from sandbox.static import check_source
 
@@ -262,10 +262,11 @@ def test_crossover_mixes_both_parents() -> None:
         HYBRID.replace("TOP_K = 80", "TOP_K = 120")
         .replace("MIN_SCORE = 0.15", "MIN_SCORE = 0.3")
         .replace("NEIGHBOURS = 0", "NEIGHBOURS = 2")
-        .replace("DATE_PREFIX = True", "DATE_PREFIX = False")
+        .replace("RETURN_CHUNK = False", "RETURN_CHUNK = True")
+        .replace("DATE_PREFIX = True", "DATE_PREFIX = False")  # a format choice: never taken
     )
     a_values, b_values = by_name(HYBRID), by_name(b)
-    differing = {"TOP_K", "MIN_SCORE", "NEIGHBOURS", "DATE_PREFIX"}
+    differing = {"TOP_K", "MIN_SCORE", "NEIGHBOURS", "RETURN_CHUNK"}
     taken: Counter[tuple[str, str]] = Counter()
     for round_no in range(20):
         child = OfflineProposer(seed=2).crossover(HYBRID, b, round_no)
@@ -275,6 +276,7 @@ def test_crossover_mixes_both_parents() -> None:
         assert check_source(child.source, parent_source=HYBRID) == []
         assert comments(child.source) == comments(HYBRID)
         values = by_name(child.source)
+        assert values["DATE_PREFIX"].value is True
         for name in differing:
             parent = "b" if name in child.changes else "a"
             source_values = b_values if parent == "b" else a_values
@@ -296,3 +298,13 @@ def test_crossover_needs_a_difference() -> None:
     restyled = HYBRID.replace("# most units kept per query", "# units kept")
     with pytest.raises(ValueError, match="no differing tunable"):
         OfflineProposer().crossover(HYBRID, restyled, 0)
+
+
+def test_offline_search_never_moves_a_format_choice() -> None:
+    """Evidence coverage cannot see what dates give a reader, so dropping them only frees
+    budget: a run's best step once did exactly that. ``(format)`` tunables stay put."""
+    assert by_name(HYBRID)["DATE_PREFIX"].format
+    assert "DATE_PREFIX" not in {t.name for t in searchable(HYBRID)}
+    moved = {name for target in (None, *GUIDANCE) for round_no in range(100)
+             for name in OfflineProposer().mutate(HYBRID, target, round_no).changes}  # fmt: skip
+    assert "DATE_PREFIX" not in moved and len(moved) >= 10

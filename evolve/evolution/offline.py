@@ -16,6 +16,12 @@ bounds allowed) or ``(bool)`` in that line's comment, otherwise inferred, never 
 - bool: flips; int ``v >= 0``: ``[v // 2, 2v + 10]``;
 - float in ``[0, 1]``: ``[0, 1]``; other float ``v > 1``: ``[0, 2v + 1]`` (3 significant digits).
 
+``(format)`` in the comment marks a choice of presentation the offline fitness cannot judge:
+evidence coverage reads the evidence's words, not the dates a reader needs, so dropping the
+date prefixes only frees budget (a run's best step did exactly that). Offline search never
+moves such a tunable (:func:`searchable`, the one list both strategies and crossover move);
+with a task model and a judge the answers decide, and a coder may change it.
+
 Guidance (:data:`GUIDANCE`): capability -> name keywords (substring match) and the preferred
 direction (+1 up / True, -1 down / False). With probability :data:`GUIDED_PROBABILITY` a move
 goes to a guided tunable in its preferred direction (one already at its bound is skipped);
@@ -61,7 +67,7 @@ GUIDED_PROBABILITY = 0.7
 SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
 GUIDANCE: dict[str, tuple[tuple[str, int], ...]] = {
     "F": (("LEXICAL_WEIGHT", 1), ("MIN_SCORE", 1), ("CHUNK_CHARS", -1)),  # exact matches
-    "T": (("DATE_PREFIX", 1), ("NEIGHBOURS", 1), ("MMR_LAMBDA", 1)),  # dates, local context
+    "T": (("NEIGHBOURS", 1), ("MMR_LAMBDA", 1)),  # local context (dates are a format choice)
     "P": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),  # the user's own words
     "M": (("TOP_K", 1), ("MMR_LAMBDA", -1), ("NEIGHBOURS", 1)),  # breadth and diversity
     "A": (("MIN_SCORE", 1), ("TOP_K", 1)),  # drop weak matches, see enough to refute
@@ -71,6 +77,7 @@ _NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _RANGE = re.compile(rf"\(range\s+({_NUMBER})\s*(?:\.\.|-|to)\s*({_NUMBER})\s*\)", re.IGNORECASE)
 _BOOL = re.compile(r"\(bool\)", re.IGNORECASE)
+_FORMAT = re.compile(r"\(format\)", re.IGNORECASE)
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
@@ -87,6 +94,7 @@ class Tunable:
     line: int  # 1-based line of the literal
     col: int  # 0-based character columns of the literal's text on that line
     end_col: int
+    format: bool = False  # "(format)" in its comment: offline search never moves it
 
 
 def tunables(source: str) -> list[Tunable]:
@@ -113,8 +121,16 @@ def tunables(source: str) -> list[Tunable]:
         kind = type(value).__name__
         low, high, declared = _range(kind, value, comments.get(node.lineno, ""))
         position = (node.lineno, col, end_col)
-        found.append(Tunable(target.id, value, low, high, kind, declared, *position))
+        comment = comments.get(node.lineno, "")
+        found.append(Tunable(target.id, value, low, high, kind, declared, *position,
+                             format=bool(_FORMAT.search(comment))))  # fmt: skip
     return found
+
+
+def searchable(source: str) -> list[Tunable]:
+    """The tunables offline search may move: live (:func:`live_names`) and not ``(format)``."""
+    live = live_names(source)
+    return [t for t in tunables(source) if t.name in live and not t.format]
 
 
 class OfflineProposer:
@@ -164,8 +180,7 @@ class OfflineProposer:
         """Move one or two tunables of ``source``, preferring moves that help ``target``."""
         if target is not None and target not in CAPABILITIES:
             raise ValueError(f"unknown capability {target!r}; expected one of {CAPABILITIES}")
-        live = live_names(source)
-        found = [t for t in tunables(source) if t.name in live]
+        found = searchable(source)
         rng = random.Random(f"{self.seed}:{round_no}:{target}" + _child_key(child))
         edits: dict[Tunable, Value] = {}
         for _ in range(rng.choice((1, 2))):
@@ -193,13 +208,10 @@ class OfflineProposer:
         Each differing constant comes from either parent; at least one comes from ``b`` and,
         when two or more differ, at least one from ``a``, so the child equals neither."""
         in_b = {t.name: t for t in tunables(b)}
-        live = live_names(a)
         differing = [
             t
-            for t in tunables(a)
-            if t.name in in_b
-            and t.name in live
-            and (t.kind, t.value) != (in_b[t.name].kind, in_b[t.name].value)
+            for t in searchable(a)
+            if t.name in in_b and (t.kind, t.value) != (in_b[t.name].kind, in_b[t.name].value)
         ]
         if not differing:
             raise ValueError("the programs share no differing tunable constant")

@@ -71,9 +71,9 @@ from evolve.evolution.offline import (
     Tunable,
     Value,
     describe,
-    live_names,
     patch,
     round3,
+    searchable,
     tunables,
 )
 from evolve.evolution.proposer import CandidateView, Proposal, Request
@@ -109,7 +109,7 @@ class TPEProposer(OfflineProposer):
 
     def propose(self, request: Request) -> Proposal:
         parent = request.parent
-        found = {t.name: t for t in tunables(parent.source) if t.name in live_names(parent.source)}
+        found = {t.name: t for t in searchable(parent.source)}
         partner, space = _integration_space(found, request.specialists)
         if partner is None:
             movable = {n: d for n, t in found.items() if (d := _distribution(t)) is not None}
