@@ -15,8 +15,9 @@ returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT c
 the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
-The offline proposer searches them within those ranges, but for DATE_PREFIX, a choice of
-format (the offline fitness cannot see what the dates give a reader). The defaults are the
+The offline proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
+marked ``(format)``: the offline fitness reads which evidence reached the context, not the
+dates or the order a reader gets it in. The defaults are the
 seed's original behaviour (no expansion, no prior, no cap, no overlap, whole units by
 relevance).
 """
@@ -42,7 +43,7 @@ CHUNK_CHARS = 600  # chunk size for scoring long units (range 200-4000)
 DATE_PREFIX = True  # prefix each returned unit with its date (bool) (format)
 RETURN_CHUNK = False  # a hit returns its best chunk (with context), not its whole unit (bool)
 CHUNK_CONTEXT = 150  # unit characters kept each side of a returned chunk (range 0-1000)
-CHRONOLOGICAL = False  # list the packed units in indexing order, not by relevance (bool)
+CHRONOLOGICAL = False  # list the packed units in indexing order, not by relevance (bool) (format)
 SESSION_CAP = 0  # most hits kept per session; 0 = no cap (range 0-40)
 CHUNK_OVERLAP = 0  # characters shared by consecutive chunks, at most half a chunk (range 0-300)
 RARE_TERMS = 0  # the query's rarest words appended to it; 0 = no expansion (range 0-8)
