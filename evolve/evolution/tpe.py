@@ -157,8 +157,9 @@ class TPEProposer(OfflineProposer):
         return study
 
     def _trials(self, request: Request, space: Space) -> list[tuple[dict[str, Value], float]]:
-        """(params, objective) of every evaluated candidate the request knows, in creation
-        order; one whose values lie outside ``space`` is left out."""
+        """(params, objective) of every candidate the request knows that has an objective
+        (evaluated, or stopped by the cascade: :func:`_objective`), in creation order; one
+        whose values lie outside ``space`` is left out."""
         store = RunStore(self.run_dir)
         metas = {meta.id: meta for meta in store.candidates()}
         out = []
