@@ -11,7 +11,7 @@ hand-written paraphrases of ``bench/paraphrases.json`` (evidence ids of BEAM-100
 
     evolve eval --program seeds/hybrid.py --split valid --data-dir DIR --runs-dir RUNS
     python bench/coverage.py --data-dir DIR --traces RUNS/<run-id>/questions.jsonl \
-        [--ceiling-splits valid holdout] [--calibrate]
+        [--ceiling-splits valid holdout] [--calibrate] [--shares holdout]
 """
 
 from __future__ import annotations
@@ -102,6 +102,28 @@ def calibrate(data: Path, traces: Path, embedder: Embedder) -> None:
         )
 
 
+def part(text: str, where: str, share: float) -> str:
+    """The head, middle or tail of ``text`` holding ``share`` of its characters."""
+    n = int(len(text) * share)
+    start = {"head": 0, "middle": (len(text) - n) // 2, "tail": len(text) - n}[where]
+    return text[start : start + n]
+
+
+def shares(data: Path, split: str, embedder: Embedder) -> None:
+    """The credit of a part of a long evidence message (over 3,000 characters): its head,
+    middle and tail at a few shares of its length (issue 14 §1: about the share, wherever)."""
+    evidence = load_taskset(data, split).evidence_texts().values()
+    longs = list(dict.fromkeys(t for texts in evidence for t in texts if len(t) > 3000))
+    scorer = CoverageScorer(embedder)
+    print(f"{len(longs)} evidence messages over 3,000 characters, {split}, {cv.FITNESS_VERSION}")
+    for share in (0.1, 0.25, 0.5, 0.75):
+        cells = []
+        for where in ("head", "middle", "tail"):
+            credits = scorer.credits([([t], part(t, where, share)) for t in longs])
+            cells.append(f"{where} {_mean([c[0] for c in credits]):.3f}")
+        print(f"share {share:4.2f}: " + "  ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
@@ -109,6 +131,7 @@ def main() -> None:
     parser.add_argument("--ceiling-splits", nargs="*", default=["valid", "holdout"])
     parser.add_argument("--cache-dir", type=Path, help="embedding cache folder (default: temp)")
     parser.add_argument("--calibrate", action="store_true", help="measure the meaning ramp")
+    parser.add_argument("--shares", metavar="SPLIT", help="credit of parts of long evidence")
     args = parser.parse_args()
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="coverage-"))
     embedder = Embedder(cache / "embeddings.sqlite")
@@ -120,6 +143,8 @@ def main() -> None:
         compare_traces(args.data_dir, args.traces, embedder)
     if args.traces and args.calibrate:
         calibrate(args.data_dir, args.traces, embedder)
+    if args.shares:
+        shares(args.data_dir, args.shares, embedder)
 
 
 if __name__ == "__main__":

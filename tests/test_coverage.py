@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from evolve.scoring.coverage import (
     ceiling,
     evidence_tokens,
     pack_gold,
+    pieces,
 )
 
 EVIDENCE = [
@@ -163,14 +165,74 @@ def test_the_speaker_label_is_dropped_from_the_evidence() -> None:
     assert evidence_tokens("I said user: hi") == ["i", "said", "user", "hi"]
 
 
+# --- long messages: credit by piece ------------------------------------------------------------
+
+_RNG = random.Random(14)
+# about 550 distinct made-up words: five pieces, none repeating another's text
+LONG = "assistant: " + " ".join(
+    "".join(_RNG.choice("bcdfghjklmnpqrstvwz") + _RNG.choice("aeiou") for _ in range(4))
+    for _ in range(550)
+)
+
+
+def test_a_long_message_is_scored_by_piece_and_a_short_one_whole() -> None:
+    assert len(pieces(evidence_tokens(LONG))) == 5  # 550 tokens, 128 at most each
+    assert [len(p) for p in pieces(list("ab"))] == [2]
+    sizes = [len(p) for p in pieces(evidence_tokens(LONG))]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == len(evidence_tokens(LONG))
+
+
+@pytest.mark.parametrize("share", [0.2, 0.4, 0.6])
+def test_part_of_a_long_message_earns_about_its_share_wherever_it_sits(
+    scorer: CoverageScorer, share: float
+) -> None:
+    words = LONG.split()
+    n = int(share * len(words))
+    head, tail = " ".join(words[:n]), " ".join(words[-n:])
+    middle = " ".join(words[(len(words) - n) // 2 : (len(words) + n) // 2])
+    credits = [_coverage(scorer, part, [LONG]) for part in (head, middle, tail)]
+    assert all(share - 0.2 <= c <= share + 0.2 for c in credits), credits
+    assert max(credits) - min(credits) <= 0.2, credits
+    assert _coverage(scorer, LONG, [LONG]) == 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 400), st.integers(1, 400), st.text(max_size=200), st.booleans())
+def test_adding_text_never_lowers_a_long_messages_credit(
+    start: int, size: int, extra: str, front: bool
+) -> None:
+    scorer = CoverageScorer(HashingEmbedder(dim=384))
+    part = " ".join(LONG.split()[start : start + size])
+    grown = f"{extra}\n{part}" if front else f"{part}\n{extra}"
+    (before,), (after,) = scorer.credits([([LONG], part), ([LONG], grown)])
+    assert after >= before
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 400), st.integers(1, 400), st.sampled_from(HEADERS))
+def test_a_header_does_not_change_a_long_messages_credit(
+    start: int, size: int, header: str
+) -> None:
+    scorer = CoverageScorer(HashingEmbedder(dim=384))
+    part = " ".join(LONG.split()[start : start + size])
+    (plain,), (headed,) = scorer.credits([([LONG], part), ([LONG], f"{header}{part}")])
+    assert abs(plain - headed) <= 0.005
+
+
 # --- ceiling -------------------------------------------------------------------------------
 
 
-def test_pack_gold_keeps_whole_messages_within_the_budget() -> None:
+def test_pack_gold_packs_the_shortest_whole_then_cuts_the_next_to_the_budget() -> None:
     long, short = "x " * 500, "user: short message here"
-    packed = pack_gold([long, short, EVIDENCE[0]], budget=len(short) + len(EVIDENCE[0]) + 2)
-    assert packed == f"{short}\n\n{EVIDENCE[0]}"  # the long one did not fit and was skipped
-    assert pack_gold(EVIDENCE, budget=10) == ""
+    budget = len(short) + len(EVIDENCE[0]) + 2
+    packed = pack_gold([long, short, EVIDENCE[0]], budget=budget)
+    assert packed == f"{short}\n\n{EVIDENCE[0]}"  # the long one did not fit and was left out
+    room = budget + 2 + 40
+    cut = pack_gold([long, short, EVIDENCE[0]], budget=room)
+    assert cut.startswith("x x ") and cut.endswith(f"\n\n{short}\n\n{EVIDENCE[0]}")  # order kept
+    assert len(cut) <= room and " ".join(cut.split("\n\n")[0].split()) == cut.split("\n\n")[0]
+    assert pack_gold(EVIDENCE, budget=12) == "user: I"  # cut at a space, within the budget
+    assert pack_gold(EVIDENCE, budget=3) == ""
 
 
 @settings(max_examples=40, deadline=None)

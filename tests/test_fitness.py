@@ -87,7 +87,7 @@ def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_i
     for a, b in zip(reports["plain"].traces, reports["more"].traces, strict=True):
         assert b.retrieved_text.startswith(a.retrieved_text)  # the same units, then more
         assert b.scores[KEY] >= a.scores[KEY] - 1e-9
-    assert reports["plain"].meta["fitness"]["coverage"] == "coverage-2"
+    assert reports["plain"].meta["fitness"]["coverage"] == "coverage-3"
 
 
 def _meta(number: int, per_question: dict[str, float]) -> CandidateMeta:

@@ -15,14 +15,22 @@ nothing. For each evidence message e with m tokens, credit(e, R) ∈ [0, 1]:
 1. **containment** — credit 1 when some window of m consecutive tokens of R holds at least
    ``ceil(NEAR_VERBATIM · m)`` of e's tokens (as multisets). Verbatim text is the case where it
    holds all m; a few words substituted, inserted or deleted keep it above the level.
-2. otherwise **meaning** — ``SEMANTIC_CAP · ramp(c)`` with c the max cosine (the scorer's
-   embedder) between e and R's windows, ``ramp`` linear from 0 at :data:`COS_FLOOR` to 1 at
-   :data:`COS_FULL`, clipped; so meaning-only credit is always below a containment hit.
-   Windows are cut per **line** of R (each line alone, in pieces of :data:`WINDOW_TOKENS` tokens
-   at half-window strides from the line's start). Both e and the windows are embedded in their
-   *content view*: the token stream without format tokens (any token with a digit, speaker and
-   header words, month and weekday names, :data:`FORMAT_WORDS`), so date / role / id headers
-   change no vector.
+2. otherwise **by piece** — e's tokens are cut into ``ceil(m / PIECE_TOKENS)`` consecutive
+   pieces of near-equal length (one piece when m ≤ :data:`PIECE_TOKENS`), and credit(e) is the
+   token-weighted mean of the pieces' credits, each piece scored by the same two rules: 1 when
+   it is contained, else its **meaning** credit ``SEMANTIC_CAP · ramp(c)``, with c the max
+   cosine (the scorer's embedder) between the piece and R's windows and ``ramp`` linear from 0
+   at :data:`COS_FLOOR` to 1 at :data:`COS_FULL`, clipped. So a part of a long message earns
+   about its share of it, wherever in the message it sits (``coverage-2`` embedded a long
+   message whole: MiniLM reads only its first ~256 word pieces, so its first tenth earned 0.44
+   and its last tenth 0.19; ``docs/performance.md``, "Piecewise credit"), and a short message
+   is one piece: containment or meaning, as before. Meaning-only credit is always below a
+   containment hit. Windows are cut per **line** of R (each line alone, in pieces of
+   :data:`WINDOW_TOKENS` tokens at half-window strides from the line's start). Pieces and
+   windows are embedded in their *content view*: the token stream without format tokens (any
+   token with a digit, speaker and header words, month and weekday names,
+   :data:`FORMAT_WORDS`), so date / role / id headers change no vector; a piece whose content
+   view is empty earns only by containment.
 
 Per question: the mean credit over its evidence messages that have tokens; none → ``None``.
 
@@ -34,8 +42,9 @@ Invariants (tests/test_coverage.py):
 - monotone: for any texts A and B, ``credit(e, A + "\\n" + B) ≥ credit(e, A)`` and
   ``≥ credit(e, B)`` — B's tokens only add windows after A's, and lines of A are untouched;
 - a meaning-only credit is ≤ SEMANTIC_CAP < 1 = a containment credit; the ceiling (gold
-  evidence packed into the budget) scores 1 on every question whose evidence fits, so no
-  context of the same budget beats it there.
+  evidence packed into the budget, shortest message first, the first that does not fit cut to
+  what is left) scores 1 on every question whose evidence fits, so no context of the same
+  budget beats it there.
 
 Containment costs O(|R|) per evidence (a sliding multiset count, skipped when a substring test
 or a token-count bound already decides); the embedder is called once per batch, on each
@@ -44,6 +53,7 @@ distinct content view and window once (the diagnostics need every evidence's cos
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -56,7 +66,7 @@ import numpy as np
 from evolve.datasets.types import Question
 from evolve.models.embed import Embedder
 
-FITNESS_VERSION = "coverage-2"  # bump whenever a credit can change for the same texts
+FITNESS_VERSION = "coverage-3"  # bump whenever a credit can change for the same texts
 METRICS = ("evidence_coverage", "evidence_contained", "evidence_similarity", "evidence_hit_rate")
 HIT_THRESHOLD = 0.8  # cosine at which the hit rate counts an evidence message as retrieved
 NEAR_VERBATIM = 0.9  # share of the evidence's tokens a window must hold for containment
@@ -71,6 +81,7 @@ COS_FLOOR = 0.7  # cosine at which meaning-only credit starts
 COS_FULL = 0.85  # cosine at which meaning-only credit reaches SEMANTIC_CAP
 SEMANTIC_CAP = 0.9  # highest meaning-only credit (below a containment hit)
 WINDOW_TOKENS = 128  # content tokens per window of a long line (MiniLM reads ~256 pieces)
+PIECE_TOKENS = 128  # most tokens per scored piece of an evidence message (the windows' size)
 BUDGET = 16000  # characters of retrieved text the environment allows (the ceiling's budget)
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -98,6 +109,13 @@ def content_view(toks: Sequence[str]) -> list[str]:
 def evidence_tokens(evidence: str) -> list[str]:
     """An evidence message's tokens, its leading speaker label dropped."""
     return tokens(_SPEAKER.sub("", evidence, count=1))
+
+
+def pieces(ev: Sequence[str]) -> list[list[str]]:
+    """``ev`` cut into ceil(len / PIECE_TOKENS) consecutive pieces of near-equal length."""
+    k = max(math.ceil(len(ev) / PIECE_TOKENS), 1)
+    bounds = [round(i * len(ev) / k) for i in range(k + 1)]
+    return [list(ev[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def windows(retrieved: str) -> list[str]:
@@ -154,16 +172,39 @@ def _max_cosine(vector: np.ndarray, windows: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """One piece of an evidence message: its token count, whether it is contained, and the max
+    cosine of its content view to the retrieved text's windows (0 when the view is empty)."""
+
+    tokens: int
+    contained: bool
+    cosine: float
+
+    def credit(self) -> float:
+        return 1.0 if self.contained else semantic_credit(self.cosine)
+
+
+@dataclass(frozen=True)
 class Measured:
-    """One pair: per evidence message that has tokens, whether it is contained and its max
-    cosine to the retrieved text's windows."""
+    """One pair: per evidence message that has tokens, whether it is contained whole, and its
+    pieces (:func:`pieces`)."""
 
     contained: list[bool]
-    cosines: list[float]
+    pieces: list[list[Piece]]
+
+    @property
+    def cosines(self) -> list[float]:
+        """Per evidence message, the token-weighted mean of its pieces' max cosines."""
+        return [_weighted([(p.tokens, p.cosine) for p in ps]) for ps in self.pieces]
 
     def credits(self) -> list[float]:
-        pairs = zip(self.contained, self.cosines, strict=True)
-        return [1.0 if c else semantic_credit(x) for c, x in pairs]
+        pairs = zip(self.contained, self.pieces, strict=True)
+        return [1.0 if c else _weighted([(p.tokens, p.credit()) for p in ps]) for c, ps in pairs]
+
+
+def _weighted(pairs: Sequence[tuple[int, float]]) -> float:
+    total = sum(n for n, _ in pairs)
+    return sum(n * x for n, x in pairs) / total
 
 
 @dataclass(frozen=True)
@@ -187,22 +228,38 @@ class CoverageScorer:
     def measure(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[Measured]:
         """Containment per evidence message, and one embedding call for every content view and
         window involved (equal texts are embedded once, and cached across calls)."""
-        rows: list[tuple[list[bool], list[str], list[str]]] = []
+        rows: list[tuple[list[bool], list[list[tuple[int, bool, str]]], list[str]]] = []
         for evidence, retrieved in pairs:
             ctx = tokens(retrieved)
             counts = Counter(ctx)
             evs = [ev for ev in map(evidence_tokens, evidence) if ev]
-            flags = [contained(ev, ctx, counts) for ev in evs]
-            views = [" ".join(content_view(ev)) for ev in evs]
-            rows.append((flags, views, windows(retrieved) if evs else []))
-        texts = list(dict.fromkeys(t for _, views, wins in rows for t in (*views, *wins)))
+            whole = [contained(ev, ctx, counts) for ev in evs]
+            parts = [
+                [
+                    (len(p), w or contained(p, ctx, counts), " ".join(content_view(p)))
+                    for p in pieces(ev)
+                ]  # fmt: skip
+                for ev, w in zip(evs, whole, strict=True)
+            ]
+            rows.append((whole, parts, windows(retrieved) if evs else []))
+        texts = list(
+            dict.fromkeys(
+                t
+                for _, parts, wins in rows
+                for t in (*(v for ps in parts for *_, v in ps), *wins)
+                if t
+            )
+        )
         index = {t: i for i, t in enumerate(texts)}
         vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
         out = []
-        for flags, views, wins in rows:
-            win = vectors[[index[t] for t in wins]].astype(np.float64)
-            best = [_max_cosine(vectors[index[t]], win) for t in views]
-            out.append(Measured(flags, best))
+        for whole, parts, wins in rows:
+            win = vectors[[index[t] for t in wins if t]].astype(np.float64)
+            measured = [
+                [Piece(n, c, _max_cosine(vectors[index[v]], win) if v else 0.0) for n, c, v in ps]
+                for ps in parts
+            ]
+            out.append(Measured(whole, measured))
         return out
 
     def credits(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[list[float]]:
@@ -239,16 +296,25 @@ def evidence_coverage(evidence: Sequence[str], retrieved: str, embedder: Embedde
 
 
 def pack_gold(evidence: Sequence[str], budget: int = BUDGET) -> str:
-    """The gold evidence packed into ``budget`` characters: whole messages in evidence order,
-    blank-line separated; a message that no longer fits is skipped, later ones may still fit."""
-    parts: list[str] = []
+    """The gold evidence packed into ``budget`` characters, blank-line separated: whole messages,
+    shortest first (credit is about proportional to the share of a message that is there, so
+    that order covers the most), then the first message that no longer fits cut to what is
+    left, at a space where there is one; the messages keep their evidence order."""
+    order = sorted(range(len(evidence)), key=lambda i: len(evidence[i]))
+    kept: dict[int, str] = {}
     used = 0
-    for text in evidence:
-        cost = len(text) + (2 if parts else 0)
-        if used + cost <= budget:
-            parts.append(text)
-            used += cost
-    return "\n\n".join(parts)
+    for i in order:
+        sep = 2 if kept else 0
+        if used + sep + len(evidence[i]) <= budget:
+            kept[i] = evidence[i]
+            used += sep + len(evidence[i])
+            continue
+        cut = evidence[i][: max(budget - used - sep + 1, 0)]  # +1: a space just past the room
+        space = cut.rfind(" ")
+        if space > 0 and cut[:space].strip():
+            kept[i] = cut[:space]
+        break
+    return "\n\n".join(kept[i] for i in sorted(kept))
 
 
 @dataclass(frozen=True)
