@@ -218,18 +218,6 @@ def test_guided_moves_mostly_go_the_preferred_way(target: str) -> None:
         assert total >= 20 and moves[name, True] / total >= 0.8, (name, moves)
 
 
-def test_guidance_for_multi_session_synthesis() -> None:
-    ups = downs = 0
-    for round_no in range(200):
-        changes = OfflineProposer().mutate(HYBRID, "M", round_no).changes
-        if "TOP_K" in changes:
-            ups += changes["TOP_K"][1] > 80
-            downs += changes["TOP_K"][1] < 80
-        if "MMR_LAMBDA" in changes:
-            assert changes["MMR_LAMBDA"][1] < 1.0  # already at the top of its range
-    assert ups > 4 * downs
-
-
 def test_bool_flips() -> None:
     parent = program("FLAG = True  # (bool)", "FLAG")
     child = OfflineProposer().mutate(parent, "T", 0)
