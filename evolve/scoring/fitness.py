@@ -19,9 +19,10 @@ Modes (:func:`choose`, from what a run or an evaluation is configured with):
 - ``retrieval`` — offline, no task model: **evidence coverage** (:mod:`.coverage`, version
   :data:`~evolve.scoring.coverage.FITNESS_VERSION`): per evidence message, 1 when its text
   reached the context verbatim or nearly (whatever headers, bullets or order surround it), else
-  a capped credit by meaning; the mean over the question's evidence. Questions without evidence
-  (such as BEAM's abstention questions) have no value and are left out. Evidence similarity and
-  hit rate (:mod:`.offline`) are reported beside it, never selected on.
+  the mean over its pieces (1 for a contained piece, else a capped credit by meaning), so part
+  of a long message earns about its share; the mean over the question's evidence. Questions
+  without evidence (such as BEAM's abstention questions) have no value and are left out.
+  Evidence similarity and hit rate (:mod:`.offline`) are reported beside it, never selected on.
 
 Invariants: the executor writes each question's value under :data:`KEY` into its trace scores
 (so every aggregate block carries the mean of the mode's values as :data:`KEY`), and every
@@ -71,7 +72,8 @@ DEFINITIONS = {
     "answer-f1": "token F1 of the answer against the gold answer — answers are scored WITHOUT "
     "a judge",
     "retrieval": "evidence coverage: per evidence message 1 when its text reached the context "
-    "(verbatim or nearly, in any format), else a capped credit by meaning; mean over the evidence",
+    "(verbatim or nearly, in any format), else piece by piece (a part earns about its share); "
+    "mean over the evidence",
 }
 
 
