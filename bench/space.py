@@ -37,6 +37,7 @@ import optuna
 from scale import LocalBackend
 
 from contract.program import load_program, offline_units
+from contract.spec import OUT_CHAR_BUDGET
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
 from evolve.evolution.offline import Tunable, Value, searchable
@@ -69,7 +70,7 @@ class Space:
             for segment in conv.sessions:
                 memory.index(offline_units(program, segment), segment)
             for q in by_conv[conv.id]:
-                text = memory.retrieve(program.module.Query(text=q.question))[:16000]
+                text = memory.retrieve(program.module.Query(text=q.question))[:OUT_CHAR_BUDGET]
                 items.append(ScoreInput(q, evidence[q.id], text))
         groups: dict[str, list[float]] = defaultdict(list)
         for item, row in zip(items, self.scorer.score(items), strict=True):

@@ -208,6 +208,28 @@ def _weighted(pairs: Sequence[tuple[int, float]]) -> float:
 
 
 @dataclass(frozen=True)
+class _Part:
+    """A piece before embedding: its token count, containment and content view."""
+
+    tokens: int
+    contained: bool
+    view: str
+
+
+def _parts(ev: list[str], ctx: list[str], counts: Counter[str]) -> tuple[bool, list[_Part]]:
+    """Whether ``ev`` is contained whole, and its pieces; containment is tested once for a
+    message of one piece, and pieces of a message contained whole are contained."""
+    cut = pieces(ev)
+    whole = contained(ev, ctx, counts)
+    flags = (
+        [whole] * len(cut) if whole or len(cut) == 1 else [contained(p, ctx, counts) for p in cut]
+    )
+    return whole, [
+        _Part(len(p), f, " ".join(content_view(p))) for p, f in zip(cut, flags, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
 class ScoreInput:
     """One question to score: its evidence texts (as ``Message.text()`` renders them) and the
     text the program retrieved for it."""
@@ -228,37 +250,25 @@ class CoverageScorer:
     def measure(self, pairs: Sequence[tuple[Sequence[str], str]]) -> list[Measured]:
         """Containment per evidence message, and one embedding call for every content view and
         window involved (equal texts are embedded once, and cached across calls)."""
-        rows: list[tuple[list[bool], list[list[tuple[int, bool, str]]], list[str]]] = []
+        rows: list[tuple[list[bool], list[list[_Part]], list[str]]] = []
         for evidence, retrieved in pairs:
             ctx = tokens(retrieved)
             counts = Counter(ctx)
-            evs = [ev for ev in map(evidence_tokens, evidence) if ev]
-            whole = [contained(ev, ctx, counts) for ev in evs]
-            parts = [
-                [
-                    (len(p), w or contained(p, ctx, counts), " ".join(content_view(p)))
-                    for p in pieces(ev)
-                ]  # fmt: skip
-                for ev, w in zip(evs, whole, strict=True)
-            ]
-            rows.append((whole, parts, windows(retrieved) if evs else []))
-        texts = list(
-            dict.fromkeys(
-                t
-                for _, parts, wins in rows
-                for t in (*(v for ps in parts for *_, v in ps), *wins)
-                if t
-            )
-        )
+            found = [_parts(ev, ctx, counts) for ev in map(evidence_tokens, evidence) if ev]
+            whole, parts = [w for w, _ in found], [ps for _, ps in found]
+            rows.append((whole, parts, windows(retrieved) if found else []))
+        views = (p.view for _, parts, _ in rows for ps in parts for p in ps if p.view)
+        texts = list(dict.fromkeys([*views, *(w for _, _, wins in rows for w in wins)]))
         index = {t: i for i, t in enumerate(texts)}
         vectors = self.embedder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
         out = []
         for whole, parts, wins in rows:
-            win = vectors[[index[t] for t in wins if t]].astype(np.float64)
+            win = vectors[[index[t] for t in wins]].astype(np.float64)
             measured = [
-                [Piece(n, c, _max_cosine(vectors[index[v]], win) if v else 0.0) for n, c, v in ps]
+                [Piece(p.tokens, p.contained,
+                       _max_cosine(vectors[index[p.view]], win) if p.view else 0.0) for p in ps]
                 for ps in parts
-            ]
+            ]  # fmt: skip
             out.append(Measured(whole, measured))
         return out
 
