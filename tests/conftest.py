@@ -84,10 +84,10 @@ def paired_beats(new: CandidateMeta, old: CandidateMeta, capability: str | None)
     return improves(questions(new), questions(old), seed)
 
 
-def first_sessions(data_dir: Path, sessions: int, most: int) -> TaskSet:
-    """The first ``sessions`` sessions of BEAM-100K conversation 1 and (at most ``most``) of
-    the questions whose evidence lies entirely there."""
-    conv, questions = load_conversation(data_dir, "100K", "1")
+def first_sessions(data_dir: Path, sessions: int, most: int, conv_id: str = "1") -> TaskSet:
+    """The first ``sessions`` sessions of BEAM-100K conversation ``conv_id`` and (at most
+    ``most``) of the questions whose evidence lies entirely there."""
+    conv, questions = load_conversation(data_dir, "100K", conv_id)
     kept = conv.sessions[:sessions]
     ids = {m.id for s in kept for m in s.messages}
     keep = [q for q in questions if q.evidence_ids and set(q.evidence_ids) <= ids][:most]

@@ -235,6 +235,31 @@ def test_run_dry_run_estimates_without_running(
     assert not list(tmp_path.iterdir())  # nothing was created
 
 
+def test_run_reads_the_benchs_default_slice_unless_told(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """BEAM's default run reads the first DEFAULT_CONVERSATIONS of train and valid, says so and
+    stores it; ``--conversations all`` reads the full splits, a count reads that many."""
+    from evolve.config import DEFAULT_CONVERSATIONS, RunConfig
+    from evolve.evolution.loop import task_set
+
+    def questions(conversations: int | None) -> int:
+        config = RunConfig(data_dir=str(data_dir), seed_program="x", cache_dir="x",
+                           conversations=conversations)  # fmt: skip
+        return sum(len(task_set(config, split).questions) for split in ("train", "valid"))
+
+    base = ["run", "--dry-run", "--data-dir", str(data_dir), "--runs-dir", str(tmp_path)]
+    default = DEFAULT_CONVERSATIONS["beam"]
+    code, out, err = run_cli(capsys, *base)
+    said = f"read their first {default} conversations (the default"
+    assert code == 0 and said in err and f"of {questions(default)} train+valid" in out
+    code, out, err = run_cli(capsys, *base, "--conversations", "all")
+    assert code == 0 and said not in err and f"of {questions(None)} train+valid" in out
+    assert questions(None) > questions(default)
+    code, out, err = run_cli(capsys, *base, "--conversations", "2")
+    assert code == 0 and said not in err and f"of {questions(2)} train+valid" in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -298,6 +323,7 @@ def assert_one_error_line(code: int, err: str, message: str) -> None:
         (["compare", "--jobs", "-1"], "argument --jobs: must be an integer >= 1, got '-1'"),
         (["compare", "--jobs", "two"], "argument --jobs: must be an integer >= 1, got 'two'"),
         (["run", "--conversations", "0"], "argument --conversations: must be an integer >= 1"),
+        (["run", "--conversations", "most"], "--conversations: must be an integer >= 1 or 'all'"),
         (["run", "--conversations", "-2"], "argument --conversations: must be an integer >= 1"),
         (["run", "--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'"),
         (["run", "--repairs", "-1"], "argument --repairs: must be an integer >= 0, got '-1'"),

@@ -202,8 +202,8 @@ def test_bf16_vectors_stay_within_the_stated_tolerance_of_fp32(data_dir: Path) -
     from evolve.datasets.benches import load_taskset
 
     conv = load_taskset("beam", data_dir, "valid").conversations[0]
-    messages = [m.text() for _, m in conv.messages().values()][:48]
-    texts = messages + ["\n\n".join(messages[i : i + 6])[:1000] for i in range(0, 48, 6)]
+    messages = [m.text() for _, m in conv.messages().values()][:24]
+    texts = messages + ["\n\n".join(messages[i : i + 6])[:1000] for i in range(0, 24, 6)]
     vectors = {}
     for name in embed.PRECISIONS:
         embedder = Embedder()

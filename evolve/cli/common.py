@@ -84,6 +84,12 @@ non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 positive_float = _bounded(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+# ``--conversations``: a count, or "all" (the whole splits; the run's config stores None)
+conversation_count = _bounded(
+    lambda t: t if t == "all" else int(t),
+    lambda v: v == "all" or v >= 1,
+    "an integer >= 1 or 'all'",
+)
 
 
 def read_program(path: Path, what: str = "program file") -> str:

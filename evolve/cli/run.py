@@ -24,6 +24,7 @@ from evolve.cli.common import (
     ProgressBar,
     UsageError,
     add_run_options,
+    conversation_count,
     data_dir,
     default_cache_dir,
     err,
@@ -36,7 +37,14 @@ from evolve.cli.common import (
     read_program,
     task_config,
 )
-from evolve.config import CHILDREN, MINIBATCH, SPLITS, RunConfig, stored_config
+from evolve.config import (
+    CHILDREN,
+    DEFAULT_CONVERSATIONS,
+    MINIBATCH,
+    SPLITS,
+    RunConfig,
+    stored_config,
+)
 from evolve.datasets.benches import run_split
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import estimate, read_spend
@@ -94,9 +102,10 @@ def add_command(sub: Any) -> None:
     )
     run.add_argument(
         "--conversations",
-        type=positive_int,
+        type=conversation_count,
         default=None,
-        help="use only the first N conversations of train and valid (quick runs)",
+        help="read only the first N conversations of train and valid, or 'all' (default: "
+        f"{', '.join(f'{n} on {b}' for b, n in DEFAULT_CONVERSATIONS.items())}, all elsewhere)",
     )
     run.add_argument(
         "--no-reuse",
@@ -194,7 +203,8 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         data_dir=str(data_dir(args.data_dir).resolve()), seed_program=str(Path(seed).resolve()),
         bench=args.bench or "beam", rounds=rounds, jobs=args.jobs,
         cache_dir=str(Path(args.cache_dir or default_cache_dir()).resolve()),
-        embedder=args.embedder, conversations=args.conversations, task_model=task,
+        embedder=args.embedder, conversations=_slice(args.conversations, args.bench or "beam"),
+        task_model=task,
         backend=args.backend, ray_address=args.ray_address,
         coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
         judge_variant=args.judge_variant,
@@ -203,6 +213,19 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
         minibatch=args.minibatch, **caps,
     )  # fmt: skip
+
+
+def _slice(given: int | str | None, bench: str) -> int | None:
+    """The run's ``conversations``: the flag's count, None for ``all``, else the bench's default
+    (:data:`~evolve.config.DEFAULT_CONVERSATIONS`), said in one line."""
+    if given is None and bench in DEFAULT_CONVERSATIONS:
+        given = DEFAULT_CONVERSATIONS[bench]
+        err.print(
+            f"{bench}: train and valid read their first {given} conversations (the default; "
+            "--conversations all reads the full splits)",
+            highlight=False,
+        )
+    return None if given in (None, "all") else int(given)
 
 
 def _say_fitness(config: RunConfig) -> None:
