@@ -45,10 +45,10 @@ CHILDREN = 2  # children proposed per round (evaluated concurrently)
 MINIBATCH = 2  # train conversations of a round's cascade minibatch
 BEFORE_CASCADE = {"children": 1, "cascade": False}  # how a config stored without them ran
 # The conversations of train and valid a new run reads when --conversations is not given (a
-# bench not named: all of them). BEAM's first 3 keep the default run within 15 minutes on 2
+# bench not named: all of them). BEAM's first 2 keep the default run within 15 minutes on 2
 # cores from a cold cache (docs/performance.md, "The default run"); ``--conversations all``
 # reads the full splits (8 and 6).
-DEFAULT_CONVERSATIONS = {"beam": 3}
+DEFAULT_CONVERSATIONS = {"beam": 2}
 
 
 class ConfigError(ValueError):
