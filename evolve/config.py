@@ -45,9 +45,10 @@ CHILDREN = 2  # children proposed per round (evaluated concurrently)
 MINIBATCH = 2  # train conversations of a round's cascade minibatch
 BEFORE_CASCADE = {"children": 1, "cascade": False}  # how a config stored without them ran
 # The conversations of train and valid a new run reads when --conversations is not given (a
-# bench not named: all of them). BEAM's first 2 keep the default run within 15 minutes on 2
-# cores from a cold cache (docs/performance.md, "The default run"); ``--conversations all``
-# reads the full splits (8 and 6).
+# bench not named: all of them). BEAM's first 2: the seed's first evaluation, mostly encoding,
+# grows with every conversation read (the full splits' took over 20 min on an AVX2-only 2-core
+# machine; with 2 the whole run took 20 min 50 s there, its 15-minute goal still missed:
+# docs/performance.md, "The default run"); ``--conversations all`` reads the full 8 and 6.
 DEFAULT_CONVERSATIONS = {"beam": 2}
 
 
