@@ -46,8 +46,9 @@ MINIBATCH = 2  # train conversations of a round's cascade minibatch
 BEFORE_CASCADE = {"children": 1, "cascade": False}  # how a config stored without them ran
 # The conversations of train and valid a new run reads when --conversations is not given (a
 # bench not named: all of them). BEAM's first 2: the seed's first evaluation, mostly encoding,
-# grows with every conversation read (the full splits' took over 20 min on an AVX2-only 2-core
-# machine; with 2 the whole run took 20 min 50 s there, its 15-minute goal still missed:
+# grows with every conversation read (with the full splits it had done 2 of 8 train ones after
+# 5.5 min on an AVX2-only 2-core machine; with 2 the whole run took 20 min 50 s there, so its
+# 15-minute goal is still missed:
 # docs/performance.md, "The default run"); ``--conversations all`` reads the full 8 and 6.
 DEFAULT_CONVERSATIONS = {"beam": 2}
 
