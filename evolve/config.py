@@ -4,18 +4,18 @@ Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per e
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the LLM
 transport limits (requests in flight for the whole run, seconds per request), the budget caps,
 the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
-evaluation cascade (docs/design.md §4), the offline proposer's search strategy and the
-ablations), the evolution stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits
-a run evaluates on (:data:`SPLITS`), and which fitness a run selects on
-(:meth:`RunConfig.fitness`). The run manifest stores the config as JSON
+evaluation cascade (docs/design.md §4), the offline proposer's search strategy and its index
+moves, and the ablations), the evolution stages' order (:data:`STAGES`, the keys of
+``rounds``) and the splits a run evaluates on (:data:`SPLITS`), and which fitness a run selects
+on (:meth:`RunConfig.fitness`). The run manifest stores the config as JSON
 (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
 unknown keys, wrong types and values outside their choices are refused, and a stored config
 that does not validate is a :class:`ConfigError` with one line saying what is wrong (a damaged
 or incompatible run is never resumed or frozen on a guess). A stored config from before
-``children`` / ``cascade`` existed reads as the run ran: one child per round, no cascade
-(:data:`BEFORE_CASCADE`). This module imports no part of the
+``children`` / ``cascade`` / ``index_moves`` existed reads as the run ran: one child per round,
+no cascade, index moves allowed (:data:`AS_RAN`). This module imports no part of the
 engine, so the commands that only read a run do not load it.
 """
 
@@ -43,7 +43,8 @@ SPLITS = ("train", "valid")
 REPAIRS = 3  # repair attempts after a proposal that fails to apply or fails the sandbox
 CHILDREN = 2  # children proposed per round (evaluated concurrently)
 MINIBATCH = 2  # train conversations of a round's cascade minibatch
-BEFORE_CASCADE = {"children": 1, "cascade": False}  # how a config stored without them ran
+# How a config stored without these keys ran: one child, no cascade, index moves allowed
+AS_RAN = {"children": 1, "cascade": False, "index_moves": True}
 # The conversations of train and valid a new run reads when --conversations is not given (a
 # bench not named: all of them). BEAM's first 2: the seed's first evaluation, mostly encoding,
 # grows with every conversation read (with the full splits it had done 2 of 8 train ones after
@@ -93,6 +94,9 @@ class RunConfig(BaseModel):
     selection: Literal["dependency", "round-robin"] = "dependency"
     cases: Literal["worst", "random"] = "worst"
     offline_search: Literal["optuna", "random"] = "optuna"  # the offline proposer's strategy
+    # offline search may move the constants extraction and indexing read (each such child is
+    # encoded again in full: evolve.evolution.offline, "Index moves")
+    index_moves: bool = False
 
     @field_validator("rounds")
     @classmethod
@@ -126,7 +130,7 @@ def stored_config(manifest: dict[str, Any], run_id: str) -> RunConfig:
     if not isinstance(stored, dict):
         raise ConfigError(f"run {run_id} has no usable config in its manifest")
     try:
-        return RunConfig.model_validate({**BEFORE_CASCADE, **stored})
+        return RunConfig.model_validate({**AS_RAN, **stored})
     except ValueError as exc:
         raise ConfigError(
             f"run {run_id}: the config in its manifest is damaged or incompatible ({why(exc)})"

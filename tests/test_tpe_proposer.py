@@ -15,8 +15,8 @@ from optuna.distributions import IntDistribution
 
 from evolve.cli.main import build_parser
 from evolve.cli.run import _run_config
-from evolve.config import RunConfig
-from evolve.evolution.offline import OfflineProposer, tunables
+from evolve.config import RunConfig, stored_config
+from evolve.evolution.offline import REBUILD, OfflineProposer, rebuild_names, tunables
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.tpe import STARTUP, SUBSPACE, TPEProposer, offline_proposer
@@ -214,6 +214,43 @@ def test_the_flag_reaches_the_run_config(data_dir: Path, tmp_path: Path) -> None
     for extra, expected in (([], "optuna"), (["--offline-search", "random"], "random")):
         args = build_parser().parse_args([*argv, *extra])
         assert _run_config(args).offline_search == expected
+
+
+def rebuilds(parent: str, child: str) -> bool:
+    return bool(set(changed_components(parent, child)) & set(REBUILD))
+
+
+def test_without_index_moves_no_child_encodes_the_conversations_again(tmp_path: Path) -> None:
+    """A move of a constant extraction or indexing reads costs a full re-encoding (103-216 s a
+    child against 2-18 s in the default run): a run's default proposer never makes one."""
+    assert rebuild_names(HYBRID) == {"CHUNK_CHARS", "CHUNK_OVERLAP"}
+    store = new_run(tmp_path, "r")
+    children = evolve(store, TPEProposer(1, store.root, index_moves=False), range(STARTUP + 6))
+    assert not any(rebuilds(HYBRID, c.source or "") for c in children)
+    fixed, free = OfflineProposer(0, index_moves=False), OfflineProposer(0)
+    assert not any(rebuilds(HYBRID, fixed.mutate(HYBRID, None, r).source or "")
+                   for r in range(60))  # fmt: skip
+    assert any(rebuilds(HYBRID, free.mutate(HYBRID, None, r).source or "") for r in range(60))
+    b = HYBRID.replace("CHUNK_CHARS = 600", "CHUNK_CHARS = 900")
+    assert free.crossover(HYBRID, b, 0).changes == {"CHUNK_CHARS": (600, 900)}
+    with pytest.raises(ValueError, match="no differing"):
+        fixed.crossover(HYBRID, b, 0)
+    both = b.replace("TOP_K = 80", "TOP_K = 120")
+    assert all(set(fixed.crossover(HYBRID, both, r).changes or {}) == {"TOP_K"}
+               for r in range(8))  # fmt: skip
+
+
+def test_index_moves_are_off_unless_asked_and_old_runs_keep_them(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    argv = ["run", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path)]
+    for extra, expected in (([], False), (["--index-moves"], True)):
+        config = _run_config(build_parser().parse_args([*argv, *extra]))
+        assert config.index_moves is expected
+        assert offline_proposer(config, tmp_path).index_moves is expected
+    old = RunConfig(data_dir="d", seed_program="s", cache_dir="c").as_json()
+    del old["index_moves"]  # a run stored before the option moved them
+    assert stored_config({"config": old}, "r").index_moves is True
 
 
 def test_a_child_searches_a_few_tunables_the_targets_guided_first(tmp_path: Path) -> None:

@@ -131,6 +131,12 @@ def add_command(sub: Any) -> None:
         action="store_true",
         help="evaluate every child on full train + valid (no minibatch screen)",
     )
+    run.add_argument(
+        "--index-moves",
+        action="store_true",
+        help="let offline search move the constants extraction and indexing read (chunk "
+        "sizes); each such child encodes every conversation again",
+    )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     ablations = run.add_argument_group("ablations (docs/design.md §4)")
     ablations.add_argument(
@@ -209,7 +215,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
         judge_variant=args.judge_variant,
         holistic=args.holistic, selection=args.selection, cases=args.cases,
-        offline_search=args.offline_search,
+        offline_search=args.offline_search, index_moves=args.index_moves,
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
         minibatch=args.minibatch, **caps,
     )  # fmt: skip

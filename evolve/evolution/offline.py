@@ -22,6 +22,13 @@ date prefixes only frees budget (a run's best step did exactly that). Offline se
 moves such a tunable (:func:`searchable`, the one list both strategies and crossover move);
 with a task model and a judge the answers decide, and a coder may change it.
 
+Index moves. A tunable that extraction or indexing reads (:func:`rebuild_names`: its change
+alters a :data:`REBUILD` fingerprint, e.g. the hybrid seed's chunk sizes) makes a child whose
+evaluation builds every conversation's memory again, while any other move reuses the parent's
+stored index. A proposer built with ``index_moves=False`` (a run's default,
+``RunConfig.index_moves``) never moves one; its children differ from their parent only in
+planning, retrieval or answer.
+
 Guidance (:data:`GUIDANCE`): capability -> name keywords (substring match) and the preferred
 direction (+1 up / True, -1 down / False). With probability :data:`GUIDED_PROBABILITY` a move
 goes to a guided tunable in its preferred direction (one already at its bound is skipped);
@@ -63,6 +70,9 @@ Value = int | float | bool
 
 ATTEMPTS = 5  # mutation seeds tried per round before accepting a child the run already holds
 EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a choice
+# Components whose outputs every later stage is built on: a child that changes one is encoded
+# again in full (docs/performance.md, "The default run": 103-216 s a child, against 2-18 s)
+REBUILD = ("extract", "index")
 GUIDED_PROBABILITY = 0.7
 SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
 # Measured, not guessed (docs/performance.md, "One move from the hybrid seed"; bench/space.py
@@ -133,9 +143,10 @@ def tunables(source: str) -> list[Tunable]:
     return found
 
 
-def searchable(source: str) -> list[Tunable]:
-    """The tunables offline search may move: live (:func:`live_names`) and not ``(format)``."""
-    live = live_names(source)
+def searchable(source: str, index_moves: bool = True) -> list[Tunable]:
+    """The tunables offline search may move: live (:func:`live_names`), not ``(format)`` and,
+    unless ``index_moves``, none that :func:`rebuild_names` lists."""
+    live = live_names(source) - (frozenset() if index_moves else rebuild_names(source))
     return [t for t in tunables(source) if t.name in live and not t.format]
 
 
@@ -150,8 +161,9 @@ class OfflineProposer:
 
     name = "offline"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, index_moves: bool = True) -> None:
         self.seed = seed
+        self.index_moves = index_moves  # may move the tunables extraction or indexing read
 
     def propose(self, request: Request) -> Proposal:
         parent = request.parent
@@ -186,7 +198,7 @@ class OfflineProposer:
         """Move one or two tunables of ``source``, preferring moves that help ``target``."""
         if target is not None and target not in CAPABILITIES:
             raise ValueError(f"unknown capability {target!r}; expected one of {CAPABILITIES}")
-        found = searchable(source)
+        found = searchable(source, self.index_moves)
         rng = random.Random(f"{self.seed}:{round_no}:{target}" + _child_key(child))
         edits: dict[Tunable, Value] = {}
         for _ in range(rng.choice((1, 2))):
@@ -216,7 +228,7 @@ class OfflineProposer:
         in_b = {t.name: t for t in tunables(b)}
         differing = [
             t
-            for t in searchable(a)
+            for t in searchable(a, self.index_moves)
             if t.name in in_b and (t.kind, t.value) != (in_b[t.name].kind, in_b[t.name].value)
         ]
         if not differing:
@@ -280,16 +292,28 @@ def _step(t: Tunable, direction: int, rng: random.Random) -> Value | None:
     return new if (new - v) * direction > 0 else None
 
 
-@functools.lru_cache(maxsize=128)
 def live_names(source: str) -> frozenset[str]:
     """Tunables whose change alters some component fingerprint; the rest no component uses."""
+    return frozenset(_moved(source))
+
+
+def rebuild_names(source: str) -> frozenset[str]:
+    """Live tunables that :data:`REBUILD` components read: a child that moves one builds every
+    conversation's memory again (no stage output of its parent can be reused)."""
+    return frozenset(n for n, moved in _moved(source).items() if moved & set(REBUILD))
+
+
+@functools.lru_cache(maxsize=128)
+def _moved(source: str) -> dict[str, frozenset[str]]:
+    """Each live tunable -> the components whose fingerprint its change alters."""
     base = fingerprints(source)
-    return frozenset(
-        t.name
-        for t in tunables(source)
-        if fingerprints(patch(source, {t: not t.value if t.kind == "bool" else t.value + 1}))
-        != base
-    )
+    out = {}
+    for t in tunables(source):
+        after = fingerprints(patch(source, {t: not t.value if t.kind == "bool" else t.value + 1}))
+        moved = frozenset(c for c, fp in after.items() if fp != base[c])
+        if moved:
+            out[t.name] = moved
+    return out
 
 
 def patch(source: str, edits: dict[Tunable, Value]) -> str:

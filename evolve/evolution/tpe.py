@@ -17,7 +17,8 @@ parent on the minibatch questions (the target capability's, when the minibatch h
 the many children the cascade stops still teach the model where not to go. A candidate whose
 values fall outside the space is left out.
 
-The space. A child searches only :data:`SUBSPACE` of the parent's live tunables — the target
+The space. A child searches only :data:`SUBSPACE` of the parent's searchable tunables (without
+the index moves unless the proposer allows them: :mod:`evolve.evolution.offline`) — the target
 capability's guided ones (:data:`~evolve.evolution.offline.GUIDANCE`) first, then others drawn
 by (seed, round, child) — and keeps the rest at the parent's values: TPE over all eighteen
 tunables of the hybrid seed with a dozen trials samples nearly uniformly, and every such
@@ -92,8 +93,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def offline_proposer(config: RunConfig, run_dir: Path) -> OfflineProposer:
     """The offline proposer ``config.offline_search`` names, for the run in ``run_dir``."""
     if config.offline_search == "random":
-        return OfflineProposer(config.rng_seed)
-    return TPEProposer(config.rng_seed, run_dir)
+        return OfflineProposer(config.rng_seed, config.index_moves)
+    return TPEProposer(config.rng_seed, run_dir, config.index_moves)
 
 
 class TPEProposer(OfflineProposer):
@@ -103,13 +104,13 @@ class TPEProposer(OfflineProposer):
 
     name = "optuna"
 
-    def __init__(self, seed: int, run_dir: Path) -> None:
-        super().__init__(seed)
+    def __init__(self, seed: int, run_dir: Path, index_moves: bool = True) -> None:
+        super().__init__(seed, index_moves)
         self.run_dir = Path(run_dir)
 
     def propose(self, request: Request) -> Proposal:
         parent = request.parent
-        found = {t.name: t for t in searchable(parent.source)}
+        found = {t.name: t for t in searchable(parent.source, self.index_moves)}
         partner, space = _integration_space(found, request.specialists)
         if partner is None:
             movable = {n: d for n, t in found.items() if (d := _distribution(t)) is not None}
