@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -50,7 +51,7 @@ def _json_ids(store: RunStore) -> list[str]:
     return sorted(p.stem for p in (store.root / "candidates").glob("c*.json"))
 
 
-def test_create_open_list(tmp_path: Path) -> None:
+def test_create_open_list(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = RunStore.create(tmp_path, MANIFEST, run_id="older")
     assert store.run_id == "older" and store.root == tmp_path / "older"
     assert store.manifest["run_id"] == "older" and store.manifest["seeds"] == [1, 2]
@@ -60,9 +61,11 @@ def test_create_open_list(tmp_path: Path) -> None:
     _add(newer, SOURCE)
     newer.save_state({"best": "c0000", "round": 1})
     (tmp_path / "eval-20261129-172735-3c28a355").mkdir()  # an `evolve eval` folder: skipped
-    (tmp_path / "stray.txt").write_text("x")
+    (tmp_path / "README.md").write_text("x")  # programs/ ships one: not a run, not damaged
 
-    runs = RunStore.list_runs(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="evolve.damage"):
+        runs = RunStore.list_runs(tmp_path)
+    assert caplog.messages == []
     assert [r["id"] for r in runs] == [newer.run_id, "older"]
     assert runs[0]["candidates"] == 1 and runs[0]["best"] == "c0000"
     assert runs[1]["candidates"] == 0 and runs[1]["best"] is None

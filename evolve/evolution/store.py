@@ -163,10 +163,13 @@ class RunStore:
     @staticmethod
     def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
         """Every run under ``runs_dir``, newest first: ``id``, ``created``, ``candidates`` (count)
-        and ``best`` (the state's ``"best"``). Folders without a manifest (an ``evolve eval``
-        folder, say) are skipped; a run whose manifest is damaged is skipped and reported."""
+        and ``best`` (the state's ``"best"``). Files (``programs/README.md``) and folders
+        without a manifest (an ``evolve eval`` folder, say) are skipped; a run whose manifest is
+        damaged is skipped and reported."""
         runs: list[dict[str, Any]] = []
         for root in sorted(Path(runs_dir).iterdir()) if Path(runs_dir).is_dir() else []:
+            if not root.is_dir():
+                continue
             store = RunStore(root)
             try:
                 created = store.manifest.get("created")
