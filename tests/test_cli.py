@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from evolve.cli.main import main
+from evolve.cli.run import _kept
+from evolve.config import stored_config
 from evolve.datasets.slices import write_slice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,9 +115,15 @@ def test_run_no_reuse_recomputes_every_stage(
                            "--no-progress", "--no-reuse", "--children", "1",
                            "--no-cascade")  # fmt: skip
     assert code == 0, err
+    # the run names the seed's constants offline search keeps (extraction and indexing read them)
+    assert "but CHUNK_CHARS, CHUNK_OVERLAP (extraction and indexing read them" in " ".join(
+        err.split()
+    )
     (run,) = runs.iterdir()
     store = RunStore.open(runs, run.name)
     assert store.manifest["config"]["reuse"] is False
+    config = stored_config(store.manifest, run.name)
+    assert config.index_moves is False and _kept(config.replace(index_moves=True)) == ""
     evaluated = [c for c in store.candidates() if c.status == "evaluated"]
     assert len(evaluated) == 3
     for c in evaluated:

@@ -49,6 +49,7 @@ from evolve.datasets.benches import run_split
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import estimate, read_spend
 from evolve.evolution.manifest import build_manifest
+from evolve.evolution.offline import rebuild_names
 from evolve.evolution.store import RunNotFound, RunStore
 from evolve.models.llm import LLMError
 from evolve.resources import seed_file
@@ -234,6 +235,18 @@ def _slice(given: int | str | None, bench: str) -> int | None:
     return None if given in (None, "all") else int(given)
 
 
+def _kept(config: RunConfig) -> str:
+    """What the offline proposer keeps of the seed's constants, for the run's first lines."""
+    if config.index_moves:
+        return ""
+    try:  # a resumed run's seed file may be gone or changed since: then nothing is named
+        kept = sorted(rebuild_names(Path(config.seed_program).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return ""
+    return (f" but {', '.join(kept)} (extraction and indexing read them: --index-moves moves "
+            "them too)") if kept else ""  # fmt: skip
+
+
 def _say_fitness(config: RunConfig) -> None:
     """Which fitness selection uses; loudly when answers are scored without a judge."""
     fit = config.fitness().describe()
@@ -291,7 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     seed = Path(config.seed_program).name
     if config.coder_model is None:
         err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
-                  f"proposer mutates {seed}'s tunable constants (run {store.run_id})")  # fmt: skip
+                  f"proposer mutates {seed}'s tunable constants{_kept(config)} "
+                  f"(run {store.run_id})")  # fmt: skip
     else:
         err.print(f"coder {config.coder_model.model} revises {seed} (run {store.run_id})")
     if config.task_model is None:
