@@ -20,6 +20,7 @@ from evolve.evolution.archive import fitness
 from evolve.evolution.export import HEADER_MARK, split_preamble
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
+from evolve.scoring import fmt_score
 from evolve.scoring.fitness import retrieval_fitness
 from sandbox.check import check_program
 from sandbox.fingerprint import fingerprints
@@ -283,6 +284,8 @@ def test_freeze_scores_test_once(copy: RunStore, capsys: pytest.CaptureFixture[s
 
     code, out, err = cli(capsys, "freeze", f"{RUN}/c0002", *args)
     assert code == 0 and "not scored again" in err and "test scores" in out
+    top = meta.scores["test"]["overall"]["ceiling"]  # the ceiling beside the test scores
+    assert f"of a possible {fmt_score(top)}" in " ".join(out.split())
     assert copy.get("c0002") == meta and len(copy.events("frozen")) == 1
     again = as_json(capsys, "freeze", f"{RUN}:c0001", *args)
     assert again["scored"] is False and again["test"] == stand_in

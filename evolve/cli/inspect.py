@@ -37,6 +37,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from evolve.cli.common import ProgressBar, UsageError, add_runs_dir, err, out, positive_int
+from evolve.cli.eval import ceiling_line
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution import export, summary
 from evolve.evolution.archive import fitness
@@ -443,6 +444,8 @@ def cmd_freeze(args: argparse.Namespace) -> int:
                       fmt_score(block.get("evidence_similarity")),
                       fmt_score(block.get("evidence_hit_rate")))  # fmt: skip
     out.print(table)
+    if "ceiling" in test["overall"]:
+        out.print(ceiling_line(test["overall"]))
     if test["errors"]:
         out.print(f"[red]{test['errors']} test questions failed[/]")
     return 0
