@@ -299,7 +299,7 @@ def live_names(source: str) -> frozenset[str]:
 
 def rebuild_names(source: str) -> frozenset[str]:
     """Live tunables that :data:`REBUILD` components read: a child that moves one builds every
-    conversation's memory again (no stage output of its parent can be reused)."""
+    conversation's index again (its parent's stored index cannot be reused)."""
     return frozenset(n for n, moved in _moved(source).items() if moved & set(REBUILD))
 
 
