@@ -72,7 +72,7 @@ ATTEMPTS = 5  # mutation seeds tried per round before accepting a child the run 
 EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a choice
 # Components whose outputs every later stage is built on: a child that changes one is encoded
 # again in full (docs/performance.md, "The default run": 103-216 s a child, against 2-18 s)
-REBUILD = ("extract", "index")
+REBUILD = frozenset({"extract", "index"})
 GUIDED_PROBABILITY = 0.7
 SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
 # Measured, not guessed (docs/performance.md, "One move from the hybrid seed"; bench/space.py
@@ -300,7 +300,7 @@ def live_names(source: str) -> frozenset[str]:
 def rebuild_names(source: str) -> frozenset[str]:
     """Live tunables that :data:`REBUILD` components read: a child that moves one builds every
     conversation's index again (its parent's stored index cannot be reused)."""
-    return frozenset(n for n, moved in _moved(source).items() if moved & set(REBUILD))
+    return frozenset(n for n, moved in _moved(source).items() if moved & REBUILD)
 
 
 @functools.lru_cache(maxsize=128)
