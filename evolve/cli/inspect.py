@@ -1,11 +1,8 @@
-"""The ``evolve`` commands that inspect, freeze and export a run's candidates.
-
-``runs``, ``status``, ``programs``, ``show``, ``diff`` and ``lineage`` only read a run;
-``freeze`` delegates to :mod:`evolve.evolution.freeze` (imported when it runs: it needs the
-evaluation engine, which the other commands do not load), ``export`` to :mod:`~.export`,
-``report`` (``--watch``: kept current while a run goes) to :mod:`evolve.evolution.report`.
-Parsing and rendering live here; the data comes from :mod:`evolve.evolution.summary` and the
-run store.
+"""The ``evolve`` commands that read a run: ``runs``, ``status``, ``programs``, ``show``,
+``diff`` and ``lineage``; and the helpers every run-folder command shares (finding runs and
+candidates, ``--json`` output, one error rule), which :mod:`.deliver` (``freeze``, ``export``,
+``report``) uses too. Parsing and rendering live here; the data comes from
+:mod:`evolve.evolution.summary` and the run store.
 
 Invariants:
 
@@ -14,7 +11,7 @@ Invariants:
   may be any unique prefix of a candidate id.
 - Every expected failure is one ``error:`` line and exit 2 (a
   :class:`~evolve.cli.common.UsageError`); the store's RunNotFound / CandidateNotFound /
-  DamagedFile, export's ExportError and freeze's FreezeError are turned into one. Damaged
+  DamagedFile are turned into one (:func:`run_command`). Damaged
   candidates the store skips are ``warning:`` lines, and the rest is shown.
 - With ``--json`` a command prints one JSON object on stdout; notes and warnings go to stderr.
 """
@@ -36,10 +33,9 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from evolve.cli.common import ProgressBar, UsageError, add_runs_dir, err, out, positive_int
-from evolve.cli.eval import ceiling_line
-from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution import export, summary
+from evolve.cli.common import UsageError, add_runs_dir, err, out
+from evolve.datasets.types import CAPABILITIES
+from evolve.evolution import summary
 from evolve.evolution.archive import fitness
 from evolve.evolution.store import (
     CandidateMeta,
@@ -58,63 +54,57 @@ CANDIDATE_HELP = (
 MESSAGE_WIDTH = 60
 
 
+def command(sub: Any, name: str, help: str, *, run: bool = False) -> argparse.ArgumentParser:
+    """A subcommand that reads run folders (``--runs-dir``, ``--json``; ``run``: it names a
+    candidate, so it takes ``--run``)."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=help + (f". CANDIDATE is {CANDIDATE_HELP}" if run else "")
+    )
+    add_runs_dir(parser, "where run folders are (default programs/ or $EVOLVE_RUNS)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    if run:
+        parser.add_argument("--run", help="the run a bare candidate ID is looked up in")
+    return parser
+
+
 def add_commands(sub: Any) -> None:
     """Register this module's subcommands on the ``evolve`` parser's subparsers."""
 
-    def command(name: str, help: str, *, run: bool = False) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = sub.add_parser(
-            name, help=help, description=help + (f". CANDIDATE is {CANDIDATE_HELP}" if run else "")
-        )
-        add_runs_dir(parser, "where run folders are (default programs/ or $EVOLVE_RUNS)")
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
-        if run:
-            parser.add_argument("--run", help="the run a bare candidate ID is looked up in")
-        return parser
-
-    command("runs", "list the runs, newest first")
+    command(sub, "runs", "list the runs, newest first")
     for name, text in (
         ("status", "where a run stands: stage, best, specialists, spend, frozen"),
         ("programs", "one row per candidate of a run"),
     ):
-        command(name, text).add_argument("run", nargs="?", help="run id (default: newest)")
-    command("show", "a candidate's source and metadata", run=True).add_argument(
+        command(sub, name, text).add_argument("run", nargs="?", help="run id (default: newest)")
+    command(sub, "show", "a candidate's source and metadata", run=True).add_argument(
         "candidate", help=CANDIDATE_HELP
     )
-    diff = command("diff", "unified diff of two candidates' sources", run=True)
+    diff = command(sub, "diff", "unified diff of two candidates' sources", run=True)
     diff.add_argument("a", help=CANDIDATE_HELP)
     diff.add_argument("b", help="like A; a bare ID is looked up in A's run unless --run is given")
-    command("lineage", "a candidate's ancestry back to the seed", run=True).add_argument(
+    command(sub, "lineage", "a candidate's ancestry back to the seed", run=True).add_argument(
         "candidate", help=CANDIDATE_HELP
     )
-
-    freeze = command("freeze", "mark a candidate final and score it once on test", run=True)
-    freeze.add_argument("candidate", help=CANDIDATE_HELP)
-    freeze.add_argument("--data-dir", type=Path, help="benchmark data root (default: the run's)")
-    freeze.add_argument("--jobs", type=positive_int, help="worker processes (default: the run's)")
-    freeze.add_argument("--cache-dir", help="stage and embedding caches (default: the run's)")
-    freeze.add_argument(
-        "--embedder", choices=["minilm", "hashing"], help="embedder (default: the run's)"
-    )
-    freeze.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    export = command("export", "write a candidate as a standalone program file", run=True)
-    export.add_argument("candidate", help=CANDIDATE_HELP)
-    export.add_argument("--out", type=Path, required=True, help="the program file to write")
-    export.add_argument("--force", action="store_true", help="overwrite an existing --out")
-
-    report = command("report", "write a run's self-contained HTML report")
-    report.add_argument("run", nargs="?", help="run id (default: newest)")
-    report.add_argument("--out", type=Path, help="the HTML file (default: <run>/report.html)")
-    report.add_argument("--watch", type=positive_int, nargs="?", const=10, metavar="SECONDS",
-                        help="rewrite it as the run goes, looking every SECONDS (default 10; "
-                        "the page reloads itself) until the run is finished or Ctrl-C")  # fmt: skip
 
 
 def dispatch(args: argparse.Namespace) -> int:
     """Run one of :data:`COMMANDS`; the expected errors become a UsageError."""
+    return run_command(COMMANDS, args)
+
+
+def run_command(
+    commands: dict[str, Callable[[argparse.Namespace], int]],
+    args: argparse.Namespace,
+    expected: tuple[type[Exception], ...] = (),
+) -> int:
+    """``commands[args.command](args)``; the store's errors and ``expected`` become one
+    UsageError line (the run-folder commands' one error rule, here and in :mod:`.deliver`)."""
+    errors: tuple[type[Exception], ...] = (
+        UsageError, RunNotFound, CandidateNotFound, DamagedFile, *expected
+    )  # fmt: skip
     try:
-        return COMMANDS[args.command](args)
-    except (UsageError, RunNotFound, CandidateNotFound, DamagedFile, export.ExportError) as exc:
+        return commands[args.command](args)
+    except errors as exc:
         raise UsageError(escape(str(exc))) from None  # cli.main prints it as rich markup
 
 
@@ -155,7 +145,7 @@ def name(store: RunStore, meta: CandidateMeta) -> str:
     return f"{store.run_id}/{meta.id}"
 
 
-def _emit(args: argparse.Namespace, obj: dict[str, Any]) -> bool:
+def emit(args: argparse.Namespace, obj: dict[str, Any]) -> bool:
     """Print ``obj`` as JSON when ``--json`` was given; True if it did."""
     if args.json:
         print(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -167,7 +157,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any]) -> bool:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     rows = summary.runs(args.runs_dir)
-    if _emit(args, {"runs_dir": str(args.runs_dir), "runs": rows}):
+    if emit(args, {"runs_dir": str(args.runs_dir), "runs": rows}):
         return 0
     if not rows:
         out.print(f"no runs in {args.runs_dir}", markup=False, highlight=False)
@@ -187,12 +177,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     evaluation = summary.evaluation(args.runs_dir / args.run) if args.run else None
     if evaluation is not None:
-        if not _emit(args, evaluation):
+        if not emit(args, evaluation):
             out.print(summary.describe_evaluation(evaluation), markup=False, highlight=False)
         return 0
     store = open_run(args.runs_dir, args.run)
     status = summary.status(store)
-    if _emit(args, status):
+    if emit(args, status):
         return 0
     cfg, rounds = status["config"], status["rounds"]
     out.print(
@@ -271,7 +261,7 @@ def _print_spend(spend: dict[str, Any]) -> None:
 def cmd_programs(args: argparse.Namespace) -> int:
     store = open_run(args.runs_dir, args.run)
     rows = [summary.candidate(c) for c in store.candidates()]
-    if _emit(args, {"run": store.run_id, "candidates": rows}):
+    if emit(args, {"run": store.run_id, "candidates": rows}):
         return 0
     cells = [
         [r["id"] + (" *" if r["frozen"] else ""), r["stage"], r["capability"] or "", r["status"],
@@ -307,7 +297,7 @@ def cmd_programs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
     source = store.source(meta.id)
-    if _emit(args, {"candidate": name(store, meta), "meta": meta.model_dump(), "source": source}):
+    if emit(args, {"candidate": name(store, meta), "meta": meta.model_dump(), "source": source}):
         return 0
     table = Table(title=name(store, meta), show_header=False)
     table.add_column("field", style="bold")
@@ -345,7 +335,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         lineterm="",
     )
     diff = "\n".join(lines)
-    if _emit(args, {"a": name_a, "b": name_b, "diff": diff}):
+    if emit(args, {"a": name_a, "b": name_b, "diff": diff}):
         return 0
     if not diff:
         out.print(f"{name_a} and {name_b} have the same source", markup=False, highlight=False)
@@ -360,7 +350,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_lineage(args: argparse.Namespace) -> int:
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
     nodes = {m.id: m for m in summary.ancestry(store, meta.id)}
-    if _emit(
+    if emit(
         args,
         {
             "candidate": name(store, meta),
@@ -401,103 +391,6 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- freeze, export -----------------------------------------------------------------------
-
-
-def cmd_freeze(args: argparse.Namespace) -> int:
-    from evolve.evolution.freeze import FreezeError, freeze
-
-    store, meta = resolve(args.runs_dir, args.candidate, args.run)
-
-    def bar(total: int) -> ProgressBar:
-        return ProgressBar(total, not args.no_progress, "test")
-
-    try:
-        result = freeze(store, meta.id, data_dir=args.data_dir, cache_dir=args.cache_dir,
-                        embedder=args.embedder, jobs=args.jobs, progress=bar)  # fmt: skip
-    except FreezeError as exc:
-        raise UsageError(str(exc)) from None
-    ref = name(store, result.meta)
-    if not result.scored:
-        err.print(
-            f"{ref} was frozen before: its stored test scores (not scored again)", highlight=False
-        )
-    if result.others:
-        err.print(
-            f"[bold red]warning: run {store.run_id} has other frozen candidates "
-            f"({', '.join(result.others)}). Looking at the test scores of several candidates "
-            "is selection on test: report only the first one you froze.[/]",
-            highlight=False,
-        )
-    test = result.test
-    if _emit(args, {"candidate": ref, "scored": result.scored, "other_frozen": result.others,
-                    "test_fitness": fitness(test["overall"]), "test": test}):  # fmt: skip
-        return 0
-    table = Table(title=f"test scores of {ref} (frozen)")
-    for column in ("capability", "n", "fitness", "similarity", "hit rate"):
-        table.add_column(column, justify="left" if column == "capability" else "right")
-    rows = [
-        (f"{cap} {CAPABILITY_NAMES[cap]}", block) for cap, block in test["by_capability"].items()
-    ]
-    for label, block in [*rows, ("[bold]overall", test["overall"])]:
-        table.add_row(label, str(block.get("n", "")), fmt_score(fitness(block)),
-                      fmt_score(block.get("evidence_similarity")),
-                      fmt_score(block.get("evidence_hit_rate")))  # fmt: skip
-    out.print(table)
-    if "ceiling" in test["overall"]:
-        out.print(ceiling_line(test["overall"]))
-    if test["errors"]:
-        out.print(f"[red]{test['errors']} test questions failed[/]")
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    store, meta = resolve(args.runs_dir, args.candidate, args.run)
-    if meta.status != "evaluated":
-        err.print(
-            f"[yellow]warning:[/] {name(store, meta)} is {meta.status}, not evaluated",
-            highlight=False,
-        )
-    text = export.export(store, meta.id, args.out, force=args.force)
-    report = {
-        "candidate": name(store, meta),
-        "out": str(args.out),
-        "source_sha256": meta.source_sha256,
-        "bytes": len(text.encode()),
-        "frozen": meta.frozen,
-        "check": "passed",
-    }
-    if not _emit(args, report):
-        out.print(
-            f"exported {report['candidate']} to {args.out} (sandbox check passed; "
-            f"{'frozen' if meta.frozen else 'not frozen'})",
-            markup=False,
-            highlight=False,
-        )
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from evolve.evolution.report import watch, write_report
-
-    store = open_run(args.runs_dir, args.run)
-    target = args.out or store.root / "report.html"
-    try:
-        if args.watch is None:
-            write_report(store, target)
-        else:  # a line per rewrite; the last one when the run is finished
-            err.print(f"watching run {store.run_id}: {escape(str(target))} (Ctrl-C stops)")
-            watch(store, target, args.watch, on_write=lambda done: err.print(
-                f"report {'of the finished run ' * done}rewritten", highlight=False))  # fmt: skip
-    except OSError as exc:
-        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
-    except KeyboardInterrupt:
-        err.print(f"stopped watching; the report stays at {escape(str(target))}")
-    if not _emit(args, {"run": store.run_id, "report": str(target)}):
-        out.print(f"report of run {store.run_id} written to {escape(str(target))}")
-    return 0
-
-
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": cmd_runs,
     "status": cmd_status,
@@ -505,7 +398,4 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": cmd_show,
     "diff": cmd_diff,
     "lineage": cmd_lineage,
-    "freeze": cmd_freeze,
-    "export": cmd_export,
-    "report": cmd_report,
 }

@@ -2,9 +2,10 @@
 
 Owns the parser (:func:`build_parser`) and the dispatch (:func:`main`, the console script and
 ``python -m evolve``). The commands live in :mod:`evolve.cli.eval` (``eval``, ``compare``,
-``check``, ``data``), :mod:`evolve.cli.run` (``run``) and :mod:`evolve.cli.inspect` (the
-commands that inspect and ship a run), which share :mod:`evolve.cli.common`; imports go one way,
-from this module down to the command modules and from them to ``common``.
+``check``, ``data``), :mod:`evolve.cli.run` (``run``), :mod:`evolve.cli.inspect` (the commands
+that read a run) and :mod:`evolve.cli.deliver` (those that freeze, export and report it), which
+share :mod:`evolve.cli.common`; imports go one way, from this module down to the command modules
+(``deliver`` uses ``inspect``'s helpers) and from them to ``common``.
 
 Every expected failure (bad flag, missing or malformed data, unreadable program, a run whose
 stored configuration does not load) ends with one ``error:`` line on stderr and exit status 2
@@ -20,8 +21,8 @@ from collections.abc import Callable
 
 from rich.markup import escape
 
+from evolve.cli import deliver, inspect, run
 from evolve.cli import eval as eval_commands
-from evolve.cli import inspect, run
 from evolve.cli.common import Parser, UsageError, check_settings, err, report_damage
 from evolve.config import ConfigError
 from evolve.datasets.types import DataError
@@ -33,6 +34,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compare": eval_commands.cmd_compare,
     "check": eval_commands.cmd_check,
     **{name: inspect.dispatch for name in inspect.COMMANDS},
+    **{name: deliver.dispatch for name in deliver.COMMANDS},
     "data": eval_commands.cmd_fetch,
 }
 
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_command(sub)
     eval_commands.add_compare_check(sub)
     inspect.add_commands(sub)
+    deliver.add_commands(sub)
     eval_commands.add_data(sub)
     return parser
 
