@@ -287,6 +287,30 @@ def test_run_bad_flags_are_one_error_line(
     assert code == 2 and len(error_lines(err)) == 1 and message in error_lines(err)[0], err
 
 
+def test_eval_and_compare_read_the_first_conversations(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """``--conversations N`` scores the split's first N conversations only (a run's slice)."""
+    for conv in ("1", "3"):
+        shutil.copytree(data_dir / "beam" / "chats" / "100K" / conv,
+                        tmp_path / "data" / "beam" / "chats" / "100K" / conv)  # fmt: skip
+    common = ("--split", "all", "--data-dir", str(tmp_path / "data"), "--json", "--jobs", "1",
+              "--embedder", "hashing", "--cache-dir", str(tmp_path / "c"),
+              "--no-progress")  # fmt: skip
+    code, out, err = run_cli(capsys, "eval", "--program", DENSE, "--conversations", "1", *common)
+    assert code == 0, err
+    meta = json.loads(out)["meta"]
+    assert (meta["conversations"], meta["questions"]) == (1, 20)
+    assert "its first 1 of 2 conversations (20 questions)" in err
+    code, out, err = run_cli(capsys, "compare", DENSE, "--conversations", "1", *common)
+    assert code == 0, err
+    assert json.loads(out)["programs"][0]["latency_questions"] == 20
+    code, out, err = run_cli(capsys, "compare", DENSE, "--conversations", "all", *common)
+    assert code == 0 and json.loads(out)["programs"][0]["latency_questions"] == 40, err
+    code, _, err = run_cli(capsys, "eval", "--program", DENSE, "--conversations", "0", *common)
+    assert code == 2 and error_lines(err) and "--conversations" in err
+
+
 def test_compare_prints_programs_side_by_side(
     one_conv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

@@ -26,6 +26,7 @@ from evolve.cli.common import (
     ProgressBar,
     UsageError,
     add_run_options,
+    conversation_count,
     data_dir,
     default_cache_dir,
     err,
@@ -37,7 +38,7 @@ from evolve.cli.common import (
     task_config,
 )
 from evolve.datasets.benches import load_taskset
-from evolve.datasets.types import CAPABILITY_NAMES, DataError
+from evolve.datasets.types import CAPABILITY_NAMES, DataError, TaskSet
 from evolve.distributed import make_backend
 from evolve.models.clients import role_client
 from evolve.scoring import fmt_score
@@ -62,6 +63,7 @@ def add_eval(sub: Any) -> None:
         help="task LLM as a litellm id, or 'none' for offline retrieval-only mode",
     )
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_slice(ev)
     ev.add_argument(
         "--hit-threshold",
         type=probability,
@@ -83,12 +85,33 @@ def add_compare_check(sub: Any) -> None:
     cmp_.add_argument("--split", default=None, help="as for eval")
     cmp_.add_argument("--model", default="none", help="task LLM (litellm id) or 'none'")
     cmp_.add_argument("--json", action="store_true", help="print one JSON object")
+    add_slice(cmp_)
     add_run_options(cmp_)
 
     chk = sub.add_parser("check", help="run the sandbox's four tiers on a program file")
     chk.add_argument("file", type=Path, help="memory program file (.py)")
     chk.add_argument("--parent", type=Path, help="the program it was patched from")
     chk.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_slice(parser: argparse.ArgumentParser) -> None:
+    """``--conversations``: score only the split's first N conversations (a run's slice)."""
+    parser.add_argument(
+        "--conversations", type=conversation_count, default="all",
+        help="read only the split's first N conversations, or 'all' (default), e.g. to score "
+        "the slice a default run read",
+    )  # fmt: skip
+
+
+def sliced(tasks: TaskSet, given: int | str) -> TaskSet:
+    """``tasks`` cut to ``--conversations`` (said on stderr when it cuts)."""
+    if given == "all":
+        return tasks
+    kept = tasks.first(int(given))
+    err.print(f"{tasks.bench} {tasks.split}: its first {len(kept.conversations)} of "
+              f"{len(tasks.conversations)} conversations ({len(kept.questions)} questions)",
+              highlight=False)  # fmt: skip
+    return kept
 
 
 def add_data(sub: Any) -> None:
@@ -135,6 +158,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         fetch_beam(root, ["100K", "1M"])
         tasks = load_taskset(args.bench, root, args.split)
+    tasks = sliced(tasks, args.conversations)
     task_model = task_config(args)
     if task_model is None:
         err.print(
@@ -194,6 +218,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in paths:
         read_program(path)
     tasks = load_taskset(args.bench, data_dir(args.data_dir), args.split)
+    tasks = sliced(tasks, args.conversations)
     task_model = task_config(args)
     cache = args.cache_dir or default_cache_dir()
     config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,

@@ -81,6 +81,16 @@ class TaskSet:
     conversations: tuple[Conversation, ...]
     questions: tuple[Question, ...]
 
+    def first(self, n: int | None) -> TaskSet:
+        """Only the first ``n`` conversations (in split order) and their questions; None: all.
+        The one slicing rule of a run's splits and of ``evolve eval/compare --conversations``."""
+        if n is None:
+            return self
+        keep = self.conversations[:n]
+        ids = {c.id for c in keep}
+        questions = tuple(q for q in self.questions if q.conversation_id in ids)
+        return TaskSet(self.bench, self.split, keep, questions)
+
     def by_conversation(self) -> dict[str, list[Question]]:
         out: dict[str, list[Question]] = {c.id: [] for c in self.conversations}
         for q in self.questions:

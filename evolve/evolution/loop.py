@@ -114,12 +114,7 @@ def task_set(config: RunConfig, split: str) -> TaskSet:
     conversations."""
     data_dir = Path(config.data_dir)
     tasks = load_taskset(config.bench, data_dir, run_split(config.bench, data_dir, split))
-    if config.conversations is None:
-        return tasks
-    keep = tasks.conversations[: config.conversations]
-    ids = {c.id for c in keep}
-    questions = tuple(q for q in tasks.questions if q.conversation_id in ids)
-    return TaskSet(tasks.bench, tasks.split, keep, questions)
+    return tasks.first(config.conversations)
 
 
 def workload(config: RunConfig) -> Workload:
