@@ -50,16 +50,6 @@ def rounds(budget: int, children: int) -> dict[str, int]:
             "integration": edge}  # fmt: skip
 
 
-def first(tasks: TaskSet, conversations: int | None) -> TaskSet:
-    """``tasks`` with only its first ``conversations`` conversations (all when None)."""
-    if conversations is None:
-        return tasks
-    keep = tasks.conversations[:conversations]
-    ids = {c.id for c in keep}
-    questions = tuple(q for q in tasks.questions if q.conversation_id in ids)
-    return TaskSet(tasks.bench, tasks.split, keep, questions)
-
-
 def coverage(program: Path, tasks: TaskSet, config: RunConfig, scorer: CoverageScorer) -> float:
     """Mean evidence coverage of ``program`` on ``tasks`` (questions with evidence)."""
     worker = worker_config(config, Path(config.cache_dir), "bench")
@@ -112,7 +102,7 @@ def main() -> None:
                        rounds=rounds(args.budget, args.children), children=args.children,
                        cascade=not args.no_cascade, conversations=args.conversations)  # fmt: skip
     scorer = CoverageScorer(make_embedder(args.embedder, str(cache)))
-    tasks = {s: first(load_taskset(args.data_dir, s), args.conversations) for s in SPLITS}
+    tasks = {s: load_taskset(args.data_dir, s).first(args.conversations) for s in SPLITS}
     tops = {s: ceiling(list(tasks[s].evidence_texts().values()), scorer).mean for s in SPLITS}
     start = {s: coverage(Path(seed), tasks[s], config, scorer) for s in SPLITS}
     print(f"budget {args.budget} evaluated candidates, rounds {config.rounds}, children "
