@@ -11,8 +11,8 @@ Invariants:
   may be any unique prefix of a candidate id.
 - Every expected failure is one ``error:`` line and exit 2 (a
   :class:`~evolve.cli.common.UsageError`); the store's RunNotFound / CandidateNotFound /
-  DamagedFile are turned into one (:func:`run_command`). Damaged
-  candidates the store skips are ``warning:`` lines, and the rest is shown.
+  DamagedFile are turned into one (:func:`run_command`). Damaged candidates the store skips
+  are ``warning:`` lines, and the rest is shown.
 - With ``--json`` a command prints one JSON object on stdout; notes and warnings go to stderr.
 """
 
@@ -55,8 +55,8 @@ MESSAGE_WIDTH = 60
 
 
 def command(sub: Any, name: str, help: str, *, run: bool = False) -> argparse.ArgumentParser:
-    """A subcommand that reads run folders (``--runs-dir``, ``--json``; ``run``: it names a
-    candidate, so it takes ``--run``)."""
+    """A subcommand on run folders, here or in :mod:`.deliver` (``--runs-dir``, ``--json``;
+    ``run``: it names a candidate, so it takes ``--run``)."""
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=help + (f". CANDIDATE is {CANDIDATE_HELP}" if run else "")
     )
