@@ -5,6 +5,9 @@ thread that ever ran (issue 15): thread-kept connections outlived their threads 
 process ran out of file descriptors. The cyclic garbage collector is held off while the calls
 run, so the count shows what is closed without it (a connection of Python 3.11 sits in a
 reference cycle with its statement cache, which only that collector frees).
+
+And a fresh file opened by many connections at once: SQLite's switch to WAL ignores the busy
+timeout, so without a retry one of 16 concurrent plan calls failed with "database is locked".
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import gc
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -20,7 +25,7 @@ from pathlib import Path
 import pytest
 from tenacity import wait_none
 
-from evolve.models import MAX_FILES, MAX_IDLE, close_connections, sqlite_connection
+from evolve.models import MAX_FILES, MAX_IDLE, close_connections, open_wal, sqlite_connection
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, parse_rates
 from evolve.models.llm import LLMError, ModelConfig, Models
@@ -120,3 +125,33 @@ def test_only_the_files_used_last_keep_idle_connections(tmp_path: Path) -> None:
     assert still_open == [path.parent.name for path in paths[-MAX_FILES:]]
     with sqlite_connection(paths[0], schema) as conn:  # an evicted file opens again
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+def _writer_holds(path: Path, seconds: float) -> sqlite3.Connection:
+    """Another connection in a write transaction on the fresh (rollback-journal) file at
+    ``path``, committed after ``seconds``: the state in which a switch to WAL fails at once,
+    busy timeout or not."""
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(seconds, lambda: other.execute("COMMIT")).start()
+    return other
+
+
+def test_a_fresh_file_waits_for_a_writer_before_switching_to_wal(tmp_path: Path) -> None:
+    path, schema = tmp_path / "fresh.sqlite", "CREATE TABLE IF NOT EXISTS t (x);"
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # SQLite's own behaviour
+        _writer_holds(path, 0.3)
+        sqlite3.connect(path, timeout=30).execute("PRAGMA journal_mode=WAL")
+    time.sleep(0.5)
+    path.unlink()
+    _writer_holds(path, 0.3)
+    started = time.monotonic()
+    with sqlite_connection(path, schema) as conn:  # waits for the writer, then switches
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        conn.execute("INSERT INTO t VALUES (1)")
+    assert time.monotonic() - started >= 0.25
+    other = tmp_path / "other.sqlite"
+    _writer_holds(other, 0.3)
+    conn = open_wal(other)  # the run store's index opens its file the same way
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    conn.close()

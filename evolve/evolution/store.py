@@ -65,14 +65,13 @@ from evolve.evolution.candidate import (
     source_problem,
 )
 from evolve.files import write_atomic
-from evolve.models import damaged, is_corrupt, set_aside, why
+from evolve.models import damaged, is_corrupt, open_wal, set_aside, why
 from evolve.scrub import REDACTED as REDACTED  # re-exported
 from evolve.scrub import scrub_secrets
 from evolve.trace import QuestionTrace, read_trace
 
 T = TypeVar("T")
 
-BUSY_TIMEOUT_S = 60.0
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _META_FILE = re.compile(r"c(\d{4,})-[0-9a-f]{8}\.json")
@@ -346,9 +345,8 @@ class RunStore:
         if not self._index.exists():  # a stale WAL must not be replayed into a new index
             for suffix in ("-wal", "-shm"):
                 Path(f"{self._index}{suffix}").unlink(missing_ok=True)
-        conn = sqlite3.connect(self._index, timeout=BUSY_TIMEOUT_S)
+        conn = open_wal(self._index)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
             with conn:
                 yield conn

@@ -18,6 +18,14 @@ only finding a pool does, and a forked child gets a fresh lock and an empty pool
 parent's connections are never used, nor closed, after ``fork``. WAL journal and a busy
 timeout, so several worker processes can read and write one file.
 
+Owns :func:`open_wal`, the one way any SQLite file of the project is opened (the pools here and
+the run's event index, :mod:`evolve.evolution.store`): a busy timeout of :data:`BUSY_TIMEOUT_S`
+and the WAL journal. SQLite's switch to WAL ignores the busy timeout while another connection
+holds a write transaction on the file in its old journal mode, which is what happens when
+several connections open one *new* file at once: a loser got "database is locked" at once
+(seen as a failed plan call under 16 concurrent model calls). So the switch alone is retried
+until it succeeds or the same timeout is spent (``tests/test_connections.py``).
+
 Also owns how damaged files are handled everywhere: :func:`damaged` reports one in one line on
 the ``evolve.damage`` logger (the CLI prints each such line once, as ``warning:``; a worker
 process without handlers prints it bare), :func:`is_corrupt` tells a damaged SQLite file from a
@@ -45,10 +53,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
+
 T = TypeVar("T")
 
 BUSY_TIMEOUT_S = 60.0
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
+_BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
 DAMAGE_LOG = logging.getLogger("evolve.damage")
 
 MAX_IDLE = 4
@@ -131,12 +142,39 @@ def _close_idle(pool: deque[sqlite3.Connection]) -> None:
         conn.close()
 
 
+def open_wal(path: Path, *, check_same_thread: bool = True) -> sqlite3.Connection:
+    """A connection to ``path`` with the busy timeout, in WAL mode; a switch to WAL that finds
+    the file busy is retried (with jitter) for up to :data:`BUSY_TIMEOUT_S`."""
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=check_same_thread)
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception(_is_busy),
+            wait=wait_random_exponential(multiplier=0.005, max=0.25),
+            stop=stop_after_delay(BUSY_TIMEOUT_S),
+            reraise=True,
+        ):
+            with attempt:
+                conn.execute("PRAGMA journal_mode=WAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _is_busy(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (
+        isinstance(exc, sqlite3.OperationalError)
+        and code is not None
+        and (code & 0xFF in _BUSY_CODES)
+    )
+
+
 def _connect(path: Path, schema: str) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     # lent to one thread at a time, but given back (and perhaps closed) by whichever borrowed it
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    conn = open_wal(path, check_same_thread=False)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(schema)
     except BaseException:
