@@ -59,6 +59,7 @@ NEW = {
     "CHUNK_OVERLAP": {"CHUNK_OVERLAP": 100, **PASSAGES},
     "RARE_TERMS": {"RARE_TERMS": 1, "LEXICAL_WEIGHT": 0.0, "TOP_K": 1},
     "RECENCY_WEIGHT": {"RECENCY_WEIGHT": 0.3},
+    "LENGTH_PENALTY": {"LENGTH_PENALTY": 0.5},
 }
 BASE = {"RETURN_CHUNK": {"CHUNK_CHARS": 200},
         "CHUNK_CONTEXT": {"RETURN_CHUNK": True, "CHUNK_CHARS": 200},
@@ -71,7 +72,8 @@ def test_new_tunables_are_declared_with_neutral_defaults() -> None:
     for name in NEW:
         assert named[name].declared, name
     defaults = {"RETURN_CHUNK": False, "CHRONOLOGICAL": False, "SESSION_CAP": 0,
-                "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0}  # fmt: skip
+                "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0,
+                "LENGTH_PENALTY": 0.0}  # fmt: skip
     assert {n: named[n].value for n in defaults} == defaults
 
 
@@ -100,6 +102,20 @@ def test_rare_terms_expand_the_query_with_the_rarest_word() -> None:
     assert "zhivago" in expanded and expanded != plain
 
 
+def test_length_penalty_ranks_relevance_per_character() -> None:
+    # the long unit (twelve fillers, then "dentist bill was paid") has the best chunk for the
+    # question, so it ranks first; the penalty ranks it last, and out of a small TOP_K
+    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False}
+    plain = retrieve("dentist bill", TOP_K=4, **at).split("\n\n")
+    penalised = retrieve("dentist bill", TOP_K=4, LENGTH_PENALTY=0.5, **at).split("\n\n")
+    assert plain[0].endswith("dentist bill was paid")
+    assert len(penalised) == 4 and not any("bill" in block for block in penalised)
+    # MIN_SCORE reads the score before the penalty: every unit that passes it is still kept
+    every = retrieve("dentist bill", **at).split("\n\n")
+    again = retrieve("dentist bill", LENGTH_PENALTY=0.5, **at).split("\n\n")
+    assert sorted(again) == sorted(every) and again[-1].endswith("dentist bill was paid")
+
+
 def test_chunk_overlap_shares_characters_and_stays_linear() -> None:
     prog = program()
     spans = prog.get("chunk_spans")
@@ -119,7 +135,8 @@ def test_extreme_settings_pass_the_sandbox() -> None:
                      ("CHUNK_CONTEXT = 150", "CHUNK_CONTEXT = 1000"),
                      ("RARE_TERMS = 0", "RARE_TERMS = 8"), ("SESSION_CAP = 0", "SESSION_CAP = 1"),
                      ("CHRONOLOGICAL = False", "CHRONOLOGICAL = True"),
-                     ("RECENCY_WEIGHT = 0.0", "RECENCY_WEIGHT = 0.3")]:  # fmt: skip
+                     ("RECENCY_WEIGHT = 0.0", "RECENCY_WEIGHT = 0.3"),
+                     ("LENGTH_PENALTY = 0.0", "LENGTH_PENALTY = 0.5")]:  # fmt: skip
         assert old in extreme
         extreme = extreme.replace(old, new)
     report = check_program(extreme, "extreme hybrid", SOURCE)

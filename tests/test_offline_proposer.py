@@ -21,6 +21,7 @@ HYBRID_NAMES = [
     "DENSE_WEIGHT", "LEXICAL_WEIGHT", "USER_WEIGHT", "ASSISTANT_WEIGHT", "TOP_K", "MIN_SCORE",
     "MMR_LAMBDA", "NEIGHBOURS", "CHUNK_CHARS", "DATE_PREFIX", "RETURN_CHUNK", "CHUNK_CONTEXT",
     "CHRONOLOGICAL", "SESSION_CAP", "CHUNK_OVERLAP", "RARE_TERMS", "RECENCY_WEIGHT",
+    "LENGTH_PENALTY",
 ]  # fmt: skip
 # Every constant strictly inside its range, so each guided direction is open.
 HYBRID_MID = (

@@ -76,17 +76,23 @@ REBUILD = frozenset({"extract", "index"})
 GUIDED_PROBABILITY = 0.7
 SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
 # Measured, not guessed (docs/performance.md, "One move from the hybrid seed"; bench/space.py
-# --moves): on BEAM-100K train the role weights are the only single moves from the seed worth
-# more than a point overall (USER_WEIGHT 1.0 -> 1.25: +7.2 pp, ASSISTANT_WEIGHT 0.9 -> 0.7:
-# +8.1 pp), and they gain on every capability (F least: +0.9 pp); RARE_TERMS 0 -> 4 is +5.5 pp
-# on P. The old guesses (more neighbours, more diversity, a higher floor, a larger TOP_K, a
-# heavier lexical weight, smaller chunks) gained nothing or lost 0.6-12.9 pp.
+# --moves): on BEAM-100K train three single moves from the seed are worth more than a point
+# overall: LENGTH_PENALTY 0 -> 0.25 (+14.0 pp: T +16.5, P +31.0, M +9.7, A +4.2, but F -10.0),
+# USER_WEIGHT 1.0 -> 1.25 (+7.2 pp) and ASSISTANT_WEIGHT 0.9 -> 0.7 (+8.1 pp), the role weights
+# gaining on every capability (F least: +0.9 pp); RARE_TERMS 0 -> 4 is +5.5 pp on P. The old
+# guesses (more neighbours, more diversity, a higher floor, a larger TOP_K, a heavier lexical
+# weight, smaller chunks) gained nothing or lost 0.6-12.9 pp.
 GUIDANCE: dict[str, tuple[tuple[str, int], ...]] = {
     "F": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),  # nothing gains F more
-    "T": (("ASSISTANT_WEIGHT", -1), ("USER_WEIGHT", 1)),
-    "P": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1), ("RARE_TERMS", 1)),  # the user's words
-    "M": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),
-    "A": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),
+    "T": (("LENGTH_PENALTY", 1), ("ASSISTANT_WEIGHT", -1), ("USER_WEIGHT", 1)),
+    "P": (
+        ("LENGTH_PENALTY", 1),
+        ("USER_WEIGHT", 1),
+        ("ASSISTANT_WEIGHT", -1),
+        ("RARE_TERMS", 1),
+    ),  # the user's words, and many short ones
+    "M": (("LENGTH_PENALTY", 1), ("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),
+    "A": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1), ("LENGTH_PENALTY", 1)),
 }
 
 _NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
