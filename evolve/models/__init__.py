@@ -18,8 +18,9 @@ only finding a pool does, and a forked child gets a fresh lock and an empty pool
 parent's connections are never used, nor closed, after ``fork``. WAL journal and a busy
 timeout, so several worker processes can read and write one file.
 
-Owns :func:`open_wal`, the one way any SQLite file of the project is opened (the pools here and
-the run's event index, :mod:`evolve.evolution.store`): a busy timeout of :data:`BUSY_TIMEOUT_S`
+Owns :func:`open_wal`, the one way a SQLite file of the project is opened for use (the pools
+here and the run's event index, :mod:`evolve.evolution.store`; only :func:`set_aside`'s quick
+check of a damaged file opens one plainly): a busy timeout of :data:`BUSY_TIMEOUT_S`
 and the WAL journal. SQLite's switch to WAL ignores the busy timeout while another connection
 holds a write transaction on the file in its old journal mode, which is what happens when
 several connections open one *new* file at once: a loser got "database is locked" at once
