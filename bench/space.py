@@ -9,7 +9,10 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
 
 - ``--moves``: the program as written, then each tunable moved alone halfway to each end of its
   range (a bool flipped): the gain of every single move, per capability, on ``--split``. This
-  is the evidence behind :data:`evolve.evolution.offline.GUIDANCE`.
+  is the evidence behind :data:`evolve.evolution.offline.GUIDANCE`. ``--at NAME=VALUE ...``
+  measures the moves from a tuned point instead (a move's worth can depend on where a run
+  already is: a route around the length penalty gains nothing while the penalty is 0), and
+  ``--only NAME ...`` moves just the tunables named.
 - ``--search N``: optuna's TPE (seeded) over all the tunables at once for N trials on train,
   starting from the program as written; the best trial is then scored on valid and holdout.
   An upper bound, in practice, on what a run's offline search finds in that space. ``--keep
@@ -17,6 +20,8 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
   conversation again: minutes per trial).
 
     python bench/space.py --data-dir ../shared/data --moves
+    python bench/space.py --data-dir ../shared/data --moves --at LENGTH_PENALTY=0.25 \
+        --only ASSISTANT_ROUTE
     python bench/space.py --data-dir ../shared/data --search 120 --keep CHUNK_CHARS CHUNK_OVERLAP
 
 Embeddings are read from and written to the shared cache (``--cache-dir``, default
@@ -26,9 +31,11 @@ Embeddings are read from and written to the shared cache (``--cache-dir``, defau
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +108,28 @@ def _row(label: str, scores: dict[str, float], base: dict[str, float] | None = N
     return f"{label:28s} " + "  ".join(cells)
 
 
-def moves(space: Space, split: str) -> None:
-    base = space.score(split, {})
-    print(_row("as written", base), flush=True)
+def moves(space: Space, split: str, at: dict[str, Value], only: list[str]) -> None:
+    base = space.score(split, at)
+    print(_row(f"at {json.dumps(at)}" if at else "as written", base), flush=True)
     for t in searchable(space.source):
+        if only and t.name not in only:
+            continue
+        t = replace(t, value=at.get(t.name, t.value))
         for value in halfway(t):
-            print(_row(f"{t.name} {t.value} -> {value}", space.score(split, {t.name: value}), base),
-                  flush=True)  # fmt: skip
+            scores = space.score(split, {**at, t.name: value})
+            print(_row(f"{t.name} {t.value} -> {value}", scores, base), flush=True)
+
+
+def assignment(text: str) -> tuple[str, Value]:
+    """``NAME=VALUE`` (a Python literal: 0.25, 3, True) as a pair; argparse's type."""
+    name, _, literal = text.partition("=")
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be a number or a bool") from exc
+    if not name or not isinstance(value, int | float):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name, value
 
 
 def _suggest(trial: optuna.Trial, t: Tunable) -> Value:
@@ -150,6 +172,15 @@ def main() -> None:
     parser.add_argument("--split", default="train")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", nargs="*", default=[], metavar="NAME", help="not searched")
+    parser.add_argument(
+        "--at",
+        nargs="*",
+        type=assignment,
+        default=[],
+        metavar="NAME=VALUE",
+        help="--moves from this point, not the program as written",
+    )
+    parser.add_argument("--only", nargs="*", default=[], metavar="NAME", help="--moves: just these")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--moves", action="store_true")
     mode.add_argument("--search", type=int, metavar="N")
@@ -157,7 +188,7 @@ def main() -> None:
     space = Space(args.program, args.data_dir, args.cache_dir)
     print(f"{args.program} in process (no sandbox), evidence coverage on BEAM-100K")
     if args.moves:
-        moves(space, args.split)
+        moves(space, args.split, dict(args.at), args.only)
     else:
         search(space, args.search, args.seed, args.keep)
 

@@ -79,10 +79,12 @@ def new_run(root: Path, name: str) -> RunStore:
     return store
 
 
-def evolve(store: RunStore, proposer: TPEProposer, rounds: range) -> list[Proposal]:
+def evolve(
+    store: RunStore, proposer: TPEProposer, rounds: range, target: str | None = None
+) -> list[Proposal]:
     out = []
     for r in rounds:
-        req = request(store, r)
+        req = request(store, r, target=target)
         child = proposer.propose(req)
         assert child.source is not None
         assert child.message.startswith("optuna: " if r >= STARTUP - 1 else "offline: ")
@@ -155,7 +157,8 @@ def test_a_replayed_round_proposes_the_same_second_child(tmp_path: Path) -> None
 
 def test_only_train_scores_and_the_target_steer_it(tmp_path: Path) -> None:
     base = new_run(tmp_path, "base")
-    evolve(base, TPEProposer(5, base.root), range(STARTUP + 3))
+    # F's rounds: its children search F's guided tunables, so the study must have moved them
+    evolve(base, TPEProposer(5, base.root), range(STARTUP + 3), target="F")
     reqs = [request(base, STARTUP + 3, target="F", child=k) for k in range(4)]
     proposals = [TPEProposer(5, base.root).propose(req) for req in reqs]
 
