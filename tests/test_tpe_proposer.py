@@ -217,6 +217,10 @@ def test_the_flag_reaches_the_run_config(data_dir: Path, tmp_path: Path) -> None
     for extra, expected in (([], "optuna"), (["--offline-search", "random"], "random")):
         args = build_parser().parse_args([*argv, *extra])
         assert _run_config(args).offline_search == expected
+    # --search-seed seeds the proposer (a run repeated with another seed searches otherwise)
+    for extra, seed in (([], 0), (["--search-seed", "7"], 7)):
+        config = _run_config(build_parser().parse_args([*argv, *extra]))
+        assert config.rng_seed == seed and offline_proposer(config, tmp_path).seed == seed
 
 
 def rebuilds(parent: str, child: str) -> bool:

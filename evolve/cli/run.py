@@ -138,6 +138,13 @@ def add_command(sub: Any) -> None:
         help="let offline search move the constants extraction and indexing read (chunk "
         "sizes); each such child encodes every conversation again",
     )
+    run.add_argument(
+        "--search-seed",
+        type=non_negative_int,
+        default=0,
+        help="seed of the run's random choices (offline search, sampled cases); a run repeated "
+        "with other seeds shows how much its outcome varies (default 0)",
+    )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     ablations = run.add_argument_group("ablations (docs/design.md §4)")
     ablations.add_argument(
@@ -218,7 +225,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         offline_search=args.offline_search, index_moves=args.index_moves,
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
-        minibatch=args.minibatch, **caps,
+        minibatch=args.minibatch, rng_seed=args.search_seed, **caps,
     )  # fmt: skip
 
 
