@@ -15,17 +15,14 @@ reads the score before the penalty), optionally re-orders them by maximal margin
 of the same session after each hit, and packs the result within the character budget, by
 relevance; CHRONOLOGICAL then lists what fitted in the order the units were indexed. A hit
 returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of
-the unit on either side. With ASSISTANT_ROUTE, a question about the assistant's own earlier
-words ("what did you recommend …", "have you …") is ranked with neither role weights nor the
-length penalty: its answer is one of the assistant's replies, often a long one, which both
-would push out of the budget.
+the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
 The offline proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
 marked ``(format)``: the offline fitness reads which evidence reached the context, not the
 dates or the order a reader gets it in. The defaults are the
 seed's original behaviour (no expansion, no prior, no length penalty, no cap, no overlap,
-whole units by relevance, one ranking for every question).
+whole units by relevance).
 """
 
 import re
@@ -55,7 +52,6 @@ CHUNK_OVERLAP = 0  # characters shared by consecutive chunks, at most half a chu
 RARE_TERMS = 0  # the query's rarest words appended to it; 0 = no expansion (range 0-8)
 RECENCY_WEIGHT = 0.0  # score bonus of the last unit, linear in position from 0 (range 0.0-0.3)
 LENGTH_PENALTY = 0.0  # rank by score minus this times ln(unit characters) (range 0.0-0.5)
-ASSISTANT_ROUTE = False  # "did/have/had you" questions: no role weights, no penalty (bool)
 
 EXTRACTION_INSTRUCTION = (
     "Read the conversation session and write down what a personal assistant must remember "
@@ -91,7 +87,6 @@ class Query:
 
 
 _stemmer = Stemmer.Stemmer("english")
-_ASKS_ASSISTANT = re.compile(r"\b(?:did|have|had) you\b", re.IGNORECASE)
 
 
 class Memory:
@@ -143,12 +138,10 @@ class Memory:
                 chunk_scores = chunk_scores + LEXICAL_WEIGHT * (lex / top)
         unit_scores = np.full(len(self.units), -np.inf, dtype=np.float64)
         np.maximum.at(unit_scores, np.asarray(self.chunk_unit), chunk_scores)
-        routed = ASSISTANT_ROUTE and _ASKS_ASSISTANT.search(query.text) is not None
-        if not routed:
-            unit_scores *= np.array([role_weight(u.role) for u in self.units])
+        unit_scores *= np.array([role_weight(u.role) for u in self.units])
         if RECENCY_WEIGHT > 0 and len(self.units) > 1:
             unit_scores += RECENCY_WEIGHT * np.linspace(0.0, 1.0, len(self.units))
-        rank = self._ranked(unit_scores, 0.0 if routed else LENGTH_PENALTY)
+        rank = self._ranked(unit_scores)
         k = min(TOP_K, len(rank))
         best = np.argpartition(-rank, k - 1)[:k]
         best = best[np.argsort(-rank[best], kind="stable")]
@@ -167,13 +160,13 @@ class Memory:
             kept.sort(key=lambda k: order[k])
         return "\n\n".join(blocks[k] for k in kept)
 
-    def _ranked(self, unit_scores, penalty):
-        """The scores that order the hits: less ``penalty`` * ln(characters) per unit, and
+    def _ranked(self, unit_scores):
+        """The scores that order the hits: less LENGTH_PENALTY * ln(characters) per unit, and
         -inf below MIN_SCORE (so the TOP_K are chosen among the units that pass it)."""
         rank = unit_scores
-        if penalty > 0:
+        if LENGTH_PENALTY > 0:
             chars = np.array([max(len(u.content), 1) for u in self.units], dtype=np.float64)
-            rank = unit_scores - penalty * np.log(chars)
+            rank = unit_scores - LENGTH_PENALTY * np.log(chars)
         return np.where(unit_scores >= MIN_SCORE, rank, -np.inf)
 
     def _refresh(self):

@@ -73,9 +73,8 @@ def test_new_tunables_are_declared_with_neutral_defaults() -> None:
         assert named[name].declared, name
     defaults = {"RETURN_CHUNK": False, "CHRONOLOGICAL": False, "SESSION_CAP": 0,
                 "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0,
-                "LENGTH_PENALTY": 0.0, "ASSISTANT_ROUTE": False}  # fmt: skip
+                "LENGTH_PENALTY": 0.0}  # fmt: skip
     assert {n: named[n].value for n in defaults} == defaults
-    assert named["ASSISTANT_ROUTE"].declared
 
 
 @pytest.mark.parametrize("name", list(NEW))
@@ -117,24 +116,6 @@ def test_length_penalty_ranks_relevance_per_character() -> None:
     assert sorted(again) == sorted(every) and again[-1].endswith("dentist bill was paid")
 
 
-def test_assistant_route_ranks_did_you_questions_without_penalty_or_role_weights() -> None:
-    # the long unit holds the best chunk for the question, but the penalty drops it out of a
-    # small TOP_K; a question about what was said before ("did you ...") is ranked without it
-    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False, "TOP_K": 4, "LENGTH_PENALTY": 0.5}
-    asked = "did you note the dentist bill"
-    assert not any("bill" in b for b in retrieve(asked, **at).split("\n\n"))
-    routed = retrieve(asked, ASSISTANT_ROUTE=True, **at).split("\n\n")
-    assert routed[0].endswith("dentist bill was paid")
-    assert routed == retrieve(asked, **{**at, "LENGTH_PENALTY": 0.0}).split("\n\n")
-    # ... and without role weights: a low user weight drops units below MIN_SCORE, unless routed
-    low = {"DATE_PREFIX": False, "USER_WEIGHT": 0.2}
-    assert retrieve(asked, **low) != retrieve(asked, DATE_PREFIX=False)
-    assert retrieve(asked, ASSISTANT_ROUTE=True, **low) == retrieve(asked, DATE_PREFIX=False)
-    # any other question keeps both
-    for question in ("dentist bill", "you paid the dentist bill"):
-        assert retrieve(question, ASSISTANT_ROUTE=True, **at) == retrieve(question, **at)
-
-
 def test_chunk_overlap_shares_characters_and_stays_linear() -> None:
     prog = program()
     spans = prog.get("chunk_spans")
@@ -155,8 +136,7 @@ def test_extreme_settings_pass_the_sandbox() -> None:
                      ("RARE_TERMS = 0", "RARE_TERMS = 8"), ("SESSION_CAP = 0", "SESSION_CAP = 1"),
                      ("CHRONOLOGICAL = False", "CHRONOLOGICAL = True"),
                      ("RECENCY_WEIGHT = 0.0", "RECENCY_WEIGHT = 0.3"),
-                     ("LENGTH_PENALTY = 0.0", "LENGTH_PENALTY = 0.5"),
-                     ("ASSISTANT_ROUTE = False", "ASSISTANT_ROUTE = True")]:  # fmt: skip
+                     ("LENGTH_PENALTY = 0.0", "LENGTH_PENALTY = 0.5")]:  # fmt: skip
         assert old in extreme
         extreme = extreme.replace(old, new)
     report = check_program(extreme, "extreme hybrid", SOURCE)

@@ -79,12 +79,10 @@ def new_run(root: Path, name: str) -> RunStore:
     return store
 
 
-def evolve(
-    store: RunStore, proposer: TPEProposer, rounds: range, target: str | None = None
-) -> list[Proposal]:
+def evolve(store: RunStore, proposer: TPEProposer, rounds: range) -> list[Proposal]:
     out = []
     for r in rounds:
-        req = request(store, r, target=target)
+        req = request(store, r)
         child = proposer.propose(req)
         assert child.source is not None
         assert child.message.startswith("optuna: " if r >= STARTUP - 1 else "offline: ")
@@ -157,8 +155,7 @@ def test_a_replayed_round_proposes_the_same_second_child(tmp_path: Path) -> None
 
 def test_only_train_scores_and_the_target_steer_it(tmp_path: Path) -> None:
     base = new_run(tmp_path, "base")
-    # F's rounds: its children search F's guided tunables, so the study must have moved them
-    evolve(base, TPEProposer(5, base.root), range(STARTUP + 3), target="F")
+    evolve(base, TPEProposer(5, base.root), range(STARTUP + 3))
     reqs = [request(base, STARTUP + 3, target="F", child=k) for k in range(4)]
     proposals = [TPEProposer(5, base.root).propose(req) for req in reqs]
 

@@ -81,11 +81,9 @@ SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
 # USER_WEIGHT 1.0 -> 1.25 (+7.2 pp) and ASSISTANT_WEIGHT 0.9 -> 0.7 (+8.1 pp), the role weights
 # gaining on every capability (F least: +0.9 pp); RARE_TERMS 0 -> 4 is +5.5 pp on P. The old
 # guesses (more neighbours, more diversity, a higher floor, a larger TOP_K, a heavier lexical
-# weight, smaller chunks) gained nothing or lost 0.6-12.9 pp. ASSISTANT_ROUTE moves nothing from
-# the seed, but once the penalty is on (--moves --at LENGTH_PENALTY=0.25) it wins back F: +7.7 pp
-# (+0.9 pp overall, no capability lower), so it leads F's guidance.
+# weight, smaller chunks) gained nothing or lost 0.6-12.9 pp.
 GUIDANCE: dict[str, tuple[tuple[str, int], ...]] = {
-    "F": (("ASSISTANT_ROUTE", 1), ("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),
+    "F": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),  # nothing gains F more
     "T": (("LENGTH_PENALTY", 1), ("ASSISTANT_WEIGHT", -1), ("USER_WEIGHT", 1)),
     "P": (
         ("LENGTH_PENALTY", 1),
