@@ -10,9 +10,9 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
 - ``--moves``: the program as written, then each tunable moved alone halfway to each end of its
   range (a bool flipped): the gain of every single move, per capability, on ``--split``. This
   is the evidence behind :data:`evolve.evolution.offline.GUIDANCE`. ``--at NAME=VALUE ...``
-  measures the moves from a tuned point instead (a move's worth can depend on where a run
-  already is: a route around the length penalty gains nothing while the penalty is 0), and
-  ``--only NAME ...`` moves just the tunables named.
+  measures the moves from a tuned point instead (a move's worth depends on where a run already
+  is: at LENGTH_PENALTY 0.25 the role weights, worth 7-8 pp at the seed, move under a point),
+  and ``--only NAME ...`` moves just the tunables named.
 - ``--search N``: optuna's TPE (seeded) over all the tunables at once for N trials on train,
   starting from the program as written; the best trial is then scored on valid and holdout.
   An upper bound, in practice, on what a run's offline search finds in that space. ``--keep
@@ -21,7 +21,7 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
 
     python bench/space.py --data-dir ../shared/data --moves
     python bench/space.py --data-dir ../shared/data --moves --at LENGTH_PENALTY=0.25 \
-        --only ASSISTANT_ROUTE
+        --only USER_WEIGHT ASSISTANT_WEIGHT
     python bench/space.py --data-dir ../shared/data --search 120 --keep CHUNK_CHARS CHUNK_OVERLAP
 
 Embeddings are read from and written to the shared cache (``--cache-dir``, default
