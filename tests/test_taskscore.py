@@ -117,9 +117,15 @@ def test_abstention_questions_count_in_the_adversarial_capability(judged_run: Ev
 
 def test_a_child_with_unchanged_answers_makes_no_new_judge_call(judged_run: Evolution):
     """B answers exactly as the seed did: every judge request is answered from the cache."""
-    b = by_source(judged_run)["B"]
+    c, store = by_source(judged_run), judged_run.store
     for split in ("train", "valid"):
-        judged = b.usage[split]["judge"]
+        # a question the seed failed on, or a judge call that failed, leaves B's request unseen
+        # (once 12 of 14 cached in CI, cause unknown): name it first
+        for name in ("seed", "B"):
+            failed = [(t.id, t.error) for t in store.traces(c[name].id, split) if t.error]
+            assert not failed, (name, split, failed)
+            assert c[name].usage[split]["judge"]["errors"] == 0, (name, c[name].usage[split])
+        judged = c["B"].usage[split]["judge"]
         assert judged["calls"] > 0 and judged["cached_calls"] == judged["calls"]
 
 
