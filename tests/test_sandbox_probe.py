@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -56,6 +57,23 @@ def test_quadratic_program_is_rejected_when_its_small_runs_are_slowed(
     monkeypatch.setattr(tiers, "_probe_run", scripted_runs(quadratic, lambda n: n < FULL))
     with pytest.raises(tiers.TierError, match="super-linear work"):
         tiers.probe_tier(None, {})  # type: ignore[arg-type]
+
+
+def test_a_verdict_just_under_the_limit_is_measured_again(monkeypatch: pytest.MonkeyPatch):
+    """Quadratic work with a linear part (3.5 per doubling idle, as the hostile corpus's
+    indexer) whose first small run is slowed measures 2.69: in doubt, so it is measured again,
+    and its cheapest small run gives the verdict."""
+    cost = lambda n: 3.0 * (n / FULL) ** 2 + 0.34 * n / FULL  # noqa: E731
+    seen: Counter[int] = Counter()
+
+    def first_small_slowed(n: int) -> bool:
+        seen[n] += 1
+        return n < FULL and seen[n] == 1
+
+    monkeypatch.setattr(tiers, "_probe_run", scripted_runs(cost, first_small_slowed))
+    with pytest.raises(tiers.TierError, match="super-linear work: .* by 3.5"):
+        tiers.probe_tier(None, {})  # type: ignore[arg-type]
+    assert seen[FULL // tiers.GROWTH_SIZES] >= 2
 
 
 # Two programs doing the same work per comparison and about the same work at full size: LINEAR
