@@ -21,6 +21,7 @@ import functools
 import json
 from typing import Any
 
+from contract.parsing import parse
 from contract.spec import INSTRUCTIONS
 from contract.types import ContractError
 from evolve.datasets.types import Question, Segment
@@ -81,7 +82,7 @@ def answer_prompt(source: str, retrieved: str, q: Question) -> str:
 @functools.lru_cache(maxsize=64)  # called for every LLM prompt: parse each source once
 def instruction(source: str, name: str) -> str:
     """An instruction string read from the source without running it (a literal assignment)."""
-    for node in ast.parse(source).body:
+    for node in parse(source).body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == name for t in node.targets
         ):

@@ -28,6 +28,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from contract.parsing import parse
 from contract.spec import COMPONENTS, MEMORY_METHODS, memory_roots, top_roots
 from sandbox.statefulness import def_annotations, import_time_nodes, root_of
 
@@ -224,7 +225,7 @@ def _inert(annotation: ast.expr, bound: set[str]) -> bool:
 
 def fingerprints(source: str) -> dict[str, str]:
     """Component name -> fingerprint (hex). Raises SyntaxError on unparsable source."""
-    graph, members, loose = _program_graph(ast.parse(source))
+    graph, members, loose = _program_graph(parse(source))
     roots: dict[str, list[Node]] = {c: [("top", n) for n in top_roots(c)] for c in COMPONENTS}
     for component in MEMORY_COMPONENTS:
         roots[component] += [_HEADER, *(("member", m) for m in memory_roots(component))]

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from string import Formatter
 
+from contract.parsing import parse
 from contract.spec import DATACLASSES, INSTRUCTIONS, MEMORY, REQUIRED_NAMES
 from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 
@@ -129,7 +130,7 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         fix = f"write a complete memory program defining {', '.join(REQUIRED_NAMES)}"
         return [Finding("empty", _say("the program is empty", None, fix), None)]
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError as exc:
         fix = "fix it so the file parses as Python 3.11"
         return [Finding("syntax", _say(f"syntax error: {exc.msg}", exc.lineno, fix), exc.lineno)]
@@ -155,7 +156,7 @@ def _say(problem: str, line: int | None, fix: str) -> str:
 
 def _unchanged(source: str, tree: ast.Module, parent_source: str) -> bool:
     try:
-        return source == parent_source or ast.dump(tree) == ast.dump(ast.parse(parent_source))
+        return source == parent_source or ast.dump(tree) == ast.dump(parse(parent_source))
     except _PARSE_ERRORS:
         return False
 
@@ -431,7 +432,7 @@ class _Checker:
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
                 continue
             try:
-                parsed = ast.parse(node.value.strip(), mode="eval")
+                parsed = parse(node.value.strip(), mode="eval")
             except _PARSE_ERRORS:
                 continue  # not an expression: typing raises before evaluating anything
             body = ast.increment_lineno(parsed, node.lineno - 1).body

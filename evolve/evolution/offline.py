@@ -62,6 +62,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+from contract.parsing import parse
 from evolve.datasets.types import CAPABILITIES
 from evolve.evolution.proposer import Proposal, Request
 from sandbox.fingerprint import fingerprints
@@ -121,7 +122,7 @@ class Tunable:
 
 def tunables(source: str) -> list[Tunable]:
     """Every tunable constant of ``source`` in source order. Raises SyntaxError if unparsable."""
-    tree = ast.parse(source)
+    tree = parse(source)
     lines = _LINE.findall(source)
     comments = _comments(source)
     bound = Counter(name for stmt in tree.body for name in _bound(stmt))
