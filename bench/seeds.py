@@ -2,12 +2,12 @@
 
 A measurement script, not a test. It runs the README's main command, ``evolve run --bench
 beam``, once per search seed (``--search-seed 0 .. N-1``, arguments after ``--`` added to each
-run), all into one cache and runs folder, exports each run's best program (``evolve export``)
-and scores the starting program and every best on ``--split`` (holdout by default: no run
-reads it) in one ``evolve compare --json``. It prints, per seed, the run's wall time, its best
-(id, valid fitness as the run selected it, the change that made it), its coverage on the split
-and the gain over the starting program; then the gains' mean, standard deviation, range and
-how many reach ``--goal``.
+run), all into one cache and each into a runs folder of its own, exports each run's best
+program (``evolve export``) and scores the starting program and every best on ``--split``
+(holdout by default: no run reads it) in one ``evolve compare --json``. It prints, per seed,
+the run's wall time, its best (id, valid fitness as the run selected it, the change that made
+it), its coverage on the split and the gain over the starting program; then the gains' mean,
+standard deviation, range and how many reach ``--goal``.
 
 A run with search seed 0 is the README's command itself, so its row is what a newcomer gets;
 the others show what the same command could have found. The spread is search-path noise: the
@@ -43,17 +43,19 @@ def evolve(*args: str) -> str:
     return done.stdout
 
 
-def one_run(seed: int, common: list[str], runs: Path, extra: list[str]) -> dict[str, Any]:
-    """The run with search seed ``seed``: its wall time, best candidate and exported file."""
+def one_run(seed: int, common: list[str], work: Path, extra: list[str]) -> dict[str, Any]:
+    """The run with search seed ``seed`` (in ``work/runs-SEED``): its wall time, best candidate
+    and exported file."""
+    runs = work / f"runs-{seed}"
     start = time.perf_counter()
     evolve("run", "--bench", "beam", *common, "--runs-dir", str(runs), "--search-seed",
            str(seed), "--no-progress", *extra)  # fmt: skip
     wall = time.perf_counter() - start
-    newest = max((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    store = RunStore.open(runs, newest.name)
+    (run_id,) = [p.name for p in runs.iterdir() if p.is_dir()]
+    store = RunStore.open(runs, run_id)
     best = store.get(store.load_state()["best"])
-    out = runs / f"best-{seed}.py"
-    evolve("export", f"{newest.name}/{best.id}", "--runs-dir", str(runs), "--out", str(out))
+    out = work / f"best-{seed}.py"
+    evolve("export", f"{run_id}/{best.id}", "--runs-dir", str(runs), "--out", str(out))
     valid = best.scores["valid"]["overall"]["fitness"]
     return {"seed": seed, "wall": wall, "best": best.id, "valid": valid, "message": best.message,
             "path": out, "start": store.source_path(store.candidates()[0].id)}  # fmt: skip
@@ -73,7 +75,7 @@ def main() -> None:
     common = ["--data-dir", str(args.data_dir.resolve()), "--cache-dir", str(cache.resolve())]
     rows = []
     for seed in range(args.seeds):
-        rows.append(one_run(seed, common, work / "runs", args.extra))
+        rows.append(one_run(seed, common, work, args.extra))
         print(f"seed {seed}: {rows[-1]['best']} (valid {rows[-1]['valid']:.3f}) in "
               f"{rows[-1]['wall']:.0f} s", flush=True)  # fmt: skip
     programs = [str(rows[0]["start"]), *(str(r["path"]) for r in rows)]

@@ -120,7 +120,8 @@ def test_a_child_with_unchanged_answers_makes_no_new_judge_call(judged_run: Evol
     c, store = by_source(judged_run), judged_run.store
     for split in ("train", "valid"):
         # a question the seed failed on, or a judge call that failed, leaves B's request unseen
-        # (once 12 of 14 cached in CI, cause unknown): name it first
+        # (12 of 14 cached in CI once: a plan step failed on a thread-unsafe ast.parse, since
+        # serialised by contract/parsing.py): name it first
         for name in ("seed", "B"):
             failed = [(t.id, t.error) for t in store.traces(c[name].id, split) if t.error]
             assert not failed, (name, split, failed)
