@@ -5,17 +5,32 @@ renders the schema the task LLM is given and :func:`conform` checks decoded JSON
 that schema (on the trusted side too: it needs no program class); :func:`validate_record` and
 :func:`build_record` make instances (the latter for the offline stand-ins of
 :func:`contract.program.offline_units`).
+
+Annotations are program text and are never evaluated (``typing.get_type_hints`` would ``eval``
+a string annotation, and a computed one, with whatever builtins it finds). A string annotation
+(every annotation under ``from __future__ import annotations``) is parsed with :mod:`ast` and
+read by a fixed resolver: ``None``, names, ``typing.Name``, ``list[...]``, ``Optional[...]``,
+``Union[...]`` and ``|``; a name is looked up by its exact text in the program's namespace, then
+among ``str int float bool list``; ``typing``'s names are recognised by identity. Anything else
+is an unsupported type. An annotation that is already an object (no ``__future__`` import) is
+classified by identity and ``typing.get_origin``/``get_args`` alone.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import math
+import sys
 import types
 import typing
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from contract.parsing import parse
 from contract.types import ContractError
+
+_MISSING = object()
 
 
 class RecordError(ValueError):
@@ -34,17 +49,21 @@ SCALAR_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", 
 
 
 def field_specs(cls: type, globalns: dict[str, Any] | None = None) -> list[FieldSpec]:
-    """The fields of a MemoryUnit/Query dataclass, checked against the supported types."""
-    try:
-        hints = typing.get_type_hints(cls, globalns=globalns)
-    except Exception as exc:
-        raise ContractError(f"{cls.__name__}: cannot resolve field types: {exc}") from None
+    """The fields of a MemoryUnit/Query dataclass, checked against the supported types.
+
+    Annotations are read by :func:`_field_kind`, never evaluated."""
+    if globalns is None:
+        globalns = getattr(sys.modules.get(cls.__module__), "__dict__", {})
     specs = []
     for f in fields(cls):
-        kind, optional = _classify(hints.get(f.name))
+        try:
+            kind, optional = _field_kind(f.type, globalns)
+        except NameError as exc:
+            raise ContractError(f"{cls.__name__}: cannot resolve field types: {exc}") from None
         if kind is None:
+            shown = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", f.type)
             raise ContractError(
-                f"{cls.__name__}.{f.name}: unsupported type {hints.get(f.name)!r} "
+                f"{cls.__name__}.{f.name}: unsupported type {str(shown)[:80]!r} "
                 "(use str, int, float, bool, list[str] or Optional of those)"
             )
         required = f.default is MISSING and f.default_factory is MISSING
@@ -54,19 +73,73 @@ def field_specs(cls: type, globalns: dict[str, Any] | None = None) -> list[Field
     return specs
 
 
-def _classify(tp: Any) -> tuple[str | None, bool]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            kind, _ = _classify(args[0])
-            return kind, True
+# The resolver: an annotation string is parsed, and each name in it is looked up by its exact
+# text in the program's namespace, then among these builtins; typing's names are recognised by
+# identity. Nothing is evaluated, subscripted or looked up as an attribute of an object.
+_BUILTIN_TYPES: dict[str, Any] = {
+    "str": str, "int": int, "float": float, "bool": bool, "list": list, "None": None,
+}  # fmt: skip
+_TYPING_NAMES: dict[str, Any] = {"Optional": typing.Optional, "Union": typing.Union, "List": list}
+_MAX_ANNOTATION_CHARS = 300
+_Term = tuple[str | None, bool]  # (kind, optional); kind "none" for None, None if unsupported
+
+
+def _field_kind(annotation: Any, namespace: dict[str, Any]) -> _Term:
+    """The supported kind of one field's annotation (a string or an already evaluated type)."""
+    if not isinstance(annotation, str):
+        return _classify(annotation)
+    if len(annotation) > _MAX_ANNOTATION_CHARS:
         return None, False
-    if tp in SCALAR_TYPES:
-        return SCALAR_TYPES[tp], False
-    if origin is list and typing.get_args(tp) == (str,):
-        return "string_list", False
-    return None, False
+    try:
+        tree = parse(annotation.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None, False
+    kind, optional = _term(tree.body, namespace, 0)
+    return (None, False) if kind == "none" else (kind, optional)
+
+
+def _lookup(node: ast.expr, namespace: dict[str, Any]) -> Any:
+    """What a bare or ``typing.``-qualified name in an annotation denotes; ``_MISSING`` if none."""
+    if isinstance(node, ast.Name):
+        value = namespace[node.id] if node.id in namespace else _BUILTIN_TYPES.get(node.id, _MISSING)
+        return list if value is typing.List else value
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if namespace.get(node.value.id) is typing:
+            return _TYPING_NAMES.get(node.attr, _MISSING)
+    return _MISSING
+
+
+def _term(node: ast.expr, namespace: dict[str, Any], depth: int) -> _Term:
+    if depth > 8:
+        return None, False
+    if isinstance(node, ast.Constant) and node.value is None:
+        return "none", False
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _union([node.left, node.right], namespace, depth)
+    if isinstance(node, ast.Subscript):
+        origin = _lookup(node.value, namespace)
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if origin is list and len(args) == 1:
+            return ("string_list", False) if _lookup(args[0], namespace) is str else (None, False)
+        if origin is typing.Optional and len(args) == 1:
+            return _union([args[0], ast.Constant(None)], namespace, depth)
+        if origin is typing.Union:
+            return _union(args, namespace, depth)
+        return None, False
+    value = _lookup(node, namespace)
+    if value is _MISSING and isinstance(node, ast.Name) and node.id not in vars(builtins):
+        raise NameError(f"name {node.id[:40]!r} is not defined")
+    if value is None or value is type(None):
+        return "none", False
+    return next(((k, False) for t, k in SCALAR_TYPES.items() if value is t), (None, False))
+
+
+def _union(parts: list[ast.expr], namespace: dict[str, Any], depth: int) -> _Term:
+    terms = [_term(p, namespace, depth + 1) for p in parts]
+    kinds = [k for k, _ in terms if k != "none"]
+    if len(terms) != 2 or len(kinds) != 1 or kinds[0] is None or any(o for _, o in terms):
+        return None, False
+    return kinds[0], True
 
 
 def json_schema(cls: type, globalns: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -258,6 +258,53 @@ def _method_self_references(tree: ast.Module) -> set[int]:
     return out
 
 
+def _shown(node: ast.AST) -> str:
+    text = ast.unparse(node) if isinstance(node, ast.expr) else type(node).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _annotation_shape(annotation: ast.expr, depth: int = 0) -> ast.expr | None:
+    """The first part of an annotation that is not a plain type, or None if it is one.
+
+    Plain: names, dotted names, ``None``, ``...``, subscripts of a (dotted) name by plain types
+    or tuples and lists of them, ``|`` of plain types, and strings (forward references) whose
+    parsed text is plain. ``Literal[...]`` may hold constants. Iterative over the top level;
+    strings nest at most 3 deep."""
+    todo = [annotation]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) or (
+            isinstance(node, ast.Constant) and (node.value is None or node.value is Ellipsis)
+        ):
+            continue
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            todo.append(node.value)
+            if not isinstance(node.value, ast.Name | ast.Attribute):
+                return node
+        elif isinstance(node, ast.Subscript):
+            if not isinstance(node.value, ast.Name | ast.Attribute):
+                return node
+            todo.append(node.value)
+            args = node.slice.elts if isinstance(node.slice, ast.Tuple | ast.List) else [node.slice]
+            literal = getattr(node.value, "id", getattr(node.value, "attr", "")) == "Literal"
+            for arg in args:
+                if literal and isinstance(arg, ast.Constant):
+                    continue
+                todo.extend(arg.elts if isinstance(arg, ast.List) else [arg])
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            todo += [node.left, node.right]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and depth < 3:
+            try:
+                inner = parse(node.value.strip(), mode="eval").body
+            except _PARSE_ERRORS:
+                return node
+            if _annotation_shape(inner, depth + 1) is not None:
+                return node
+        else:
+            return node
+    return None
+
+
 def _forbidden_module(path: str) -> bool:
     private = any(part.startswith("_") for part in path.split(".")[1:])
     return private or any(path == m or path.startswith(m + ".") for m in FORBIDDEN_MODULES)
@@ -421,8 +468,12 @@ class _Checker:
             self._add("format-attribute", node, f"format field '{field}' looks up a value", fix)
 
     def _annotation(self, annotation: ast.expr | None) -> None:
-        """Check an annotation as ``get_type_hints`` evaluates it: strings in it, and strings
-        reached through names in it (``X = "code"; field: X``), are evaluated as code."""
+        """Check an annotation's shape (:func:`_annotation_shape`), then, as code, strings in it
+        and names that could hold a string (``X = "code"; field: X``)."""
+        if annotation is not None and (bad := _annotation_shape(annotation)) is not None:
+            problem = f"annotation {_shown(bad)} is not a plain type"
+            fix = "annotate with names, dotted names, subscripts such as list[str], None and |"
+            self._add("annotation-shape", bad, problem, fix)
         for node in ast.walk(annotation) if annotation is not None else ():
             owner = getattr(node, "value", None)
             name = getattr(node, "id", getattr(node, "attr", None))
