@@ -4,10 +4,11 @@ Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per e
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the LLM
 transport limits (requests in flight for the whole run, seconds per request), the budget caps,
 the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
-evaluation cascade (docs/design.md §4), the offline proposer's search strategy and its index
-moves, and the ablations), the evolution stages' order (:data:`STAGES`, the keys of
-``rounds``) and the splits a run evaluates on (:data:`SPLITS`), and which fitness a run selects
-on (:meth:`RunConfig.fitness`). The run manifest stores the config as JSON
+evaluation cascade (docs/design.md §4), the guard sets (:mod:`evolve.datasets.guards`), the
+offline proposer's search strategy and its index moves, and the ablations), the evolution
+stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on
+(:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
+manifest stores the config as JSON
 (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
@@ -33,6 +34,7 @@ from pydantic import (
     field_validator,
 )
 
+from evolve.datasets.guards import parse_guard
 from evolve.models import why
 from evolve.models.limiter import DEFAULT_CONCURRENCY
 from evolve.models.llm import ModelConfig
@@ -89,6 +91,9 @@ class RunConfig(BaseModel):
     children: PositiveInt = CHILDREN  # children per round, evaluated concurrently
     cascade: bool = True  # screen each child on a train minibatch before full train + valid
     minibatch: PositiveInt = MINIBATCH  # train conversations in a round's minibatch
+    # guard sets (evolve.datasets.guards specs, canonical): a stored config without them ran
+    # without guards
+    guards: tuple[str, ...] = ()
     # ablations (docs/design.md §4): no capabilities; how refinement picks its target; which cases
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
@@ -105,6 +110,14 @@ class RunConfig(BaseModel):
         if unknown:
             raise ValueError(f"unknown stages {unknown}; stages are {', '.join(STAGES)}")
         return rounds
+
+    @field_validator("guards")
+    @classmethod
+    def _guard_specs(cls, guards: tuple[str, ...]) -> tuple[str, ...]:
+        names = tuple(parse_guard(g).name for g in guards)
+        if len(set(names)) != len(names):
+            raise ValueError(f"a guard is named twice in {', '.join(names)}")
+        return names
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

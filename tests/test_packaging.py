@@ -9,6 +9,7 @@ from a fresh venv holding the wheel.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -50,6 +51,8 @@ def test_the_wheel_holds_seeds_splits_and_every_package(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"evolve/seeds/{name}.py" for name in REFERENCE_PROGRAMS} <= names
     assert {f"evolve/splits/{bench}.json" for bench in BENCHES} <= names
+    shipped = json.loads(zipfile.ZipFile(wheel).read("evolve/splits/beam.json"))
+    assert shipped["splits"]["guard"]["n_questions"] > 0  # the default guard's split
     packages = {str(p.relative_to(ROOT)) for top in ("evolve", "sandbox", "contract")
                 for p in ROOT.joinpath(top).rglob("__init__.py")}  # fmt: skip
     assert packages and packages <= names  # pyproject lists every package of the tree
@@ -70,6 +73,9 @@ def test_an_installed_wheel_runs_from_outside_the_checkout(
     done = evolve("run", "--dry-run", "--data-dir", str(data_dir.resolve()), "--conversations",
                   "1", "--runs-dir", str(elsewhere / "runs"))  # fmt: skip
     assert done.returncode == 0 and "dry run on beam:" in done.stdout, done.stderr
+    # the default guards' split definitions come from the package's splits file
+    assert "guard beam:guard@1: 1 conversation, 20 questions" in done.stdout, done.stdout
+    assert "guard locomo:all@1: 1 conversation" in done.stdout, done.stdout
     where = subprocess.run(
         [sys.executable, "-c", "import evolve.resources as r; from evolve.datasets import beam; "
          "print(r.__file__); print(r.seed_file('hybrid.py')); print(beam.DEFAULT_SPLITS_FILE)"],

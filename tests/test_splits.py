@@ -15,6 +15,7 @@ EXPECTED = {  # split -> (conversations, questions); capabilities are 2F 6T 4P 4
     "valid": (6, 120),
     "holdout": (6, 120),
     "test": (13, 260),
+    "guard": (6, 120),  # the BEAM-500K conversations shipped for guard sets
 }
 
 
@@ -47,6 +48,9 @@ def test_counts_per_split(committed: dict) -> None:
     sizes = {r["size"] for name in ("train", "valid", "holdout") for r in _refs(committed, name)}
     assert sizes == {"100K"}
     assert {r["size"] for r in _refs(committed, "test")} == {"1M"}
+    assert [(r["size"], r["conv"]) for r in _refs(committed, "guard")] == [
+        ("500K", c) for c in ("3", "7", "11", "15", "19", "23")
+    ]
 
 
 def _refs(data: dict, name: str) -> list[dict]:

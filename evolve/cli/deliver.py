@@ -31,6 +31,7 @@ from evolve.cli.inspect import CANDIDATE_HELP, command, emit, name, open_run, re
 from evolve.datasets.types import CAPABILITY_NAMES
 from evolve.evolution import export
 from evolve.evolution.archive import fitness
+from evolve.evolution.summary import transfer, transfer_lines
 from evolve.scoring import fmt_score
 
 
@@ -85,9 +86,13 @@ def cmd_freeze(args: argparse.Namespace) -> int:
             highlight=False,
         )
     test = result.test
+    moved = transfer(store.candidates(), of=result.meta)
     if emit(args, {"candidate": ref, "scored": result.scored, "other_frozen": result.others,
-                    "test_fitness": fitness(test["overall"]), "test": test}):  # fmt: skip
+                    "test_fitness": fitness(test["overall"]), "test": test,
+                    "transfer": moved}):  # fmt: skip
         return 0
+    for line in transfer_lines(moved):
+        out.print(line, markup=False, highlight=False)
     table = Table(title=f"test scores of {ref} (frozen)")
     for column in ("capability", "n", "fitness", "similarity", "hit rate"):
         table.add_column(column, justify="left" if column == "capability" else "right")

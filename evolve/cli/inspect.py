@@ -208,6 +208,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{fmt_score(best['ceiling'])}, similarity "
             f"{fmt_score(best['similarity'])}, hit rate {fmt_score(best['hit_rate'])})"
         )
+    for line in summary.transfer_lines(status["transfer"]):
+        out.print(line, markup=False, highlight=False)
     if status.get("diagnostics"):
         diag = Table(title="stage diagnostics of the best program (train)")
         keys = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
@@ -260,11 +262,15 @@ def _print_spend(spend: dict[str, Any]) -> None:
 
 def cmd_programs(args: argparse.Namespace) -> int:
     store = open_run(args.runs_dir, args.run)
-    rows = [summary.candidate(c) for c in store.candidates()]
-    if emit(args, {"run": store.run_id, "candidates": rows}):
+    candidates = store.candidates()
+    rows = [summary.candidate(c) for c in candidates]
+    transfer = summary.transfer(candidates)
+    if emit(args, {"run": store.run_id, "candidates": rows, "transfer": transfer}):
         return 0
+    held = transfer["held_back"] if transfer else {}
     cells = [
-        [r["id"] + (" *" if r["frozen"] else ""), r["stage"], r["capability"] or "", r["status"],
+        [r["id"] + (" *" if r["frozen"] else "") + (" !" if r["id"] in held else ""), r["stage"],
+         r["capability"] or "", r["status"],
          ", ".join(p.split("-")[0] for p in r["parents"]), fmt_score(r["valid_fitness"]),
          *(fmt_score(r["by_capability"].get(cap)) for cap in CAPABILITIES),
          r["message"][:MESSAGE_WIDTH]]
@@ -273,6 +279,7 @@ def cmd_programs(args: argparse.Namespace) -> int:
     headers = ["id", "stage", "cap", "status", "parents", "valid", *CAPABILITIES]
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
     notes = ["* frozen"] if any(r["frozen"] for r in rows) else []
+    notes += ["! won valid, held back by a guard (below)"] if held else []
     if sum(widths) + len(widths) + 20 > out.width:  # too narrow: keep the message readable
         headers, widths = headers[:6], widths[:6]
         cells = [row[:6] + row[-1:] for row in cells]
@@ -288,6 +295,10 @@ def cmd_programs(args: argparse.Namespace) -> int:
     for row in cells:
         table.add_row(*map(Text, row))  # messages may hold "[...]": never read as markup
     out.print(table)
+    for line in summary.transfer_lines(transfer):
+        out.print(line, markup=False, highlight=False)
+    for cid, reasons in held.items():
+        out.print(f"{cid} held back: {'; '.join(reasons)}", markup=False, highlight=False)
     return 0
 
 

@@ -46,14 +46,16 @@ from evolve.config import (
     stored_config,
 )
 from evolve.datasets.benches import run_split
-from evolve.evolution.archive import fitness
+from evolve.datasets.guards import DEFAULT_GUARDS, parse_guard
+from evolve.datasets.types import DataError
+from evolve.evolution.archive import MARGIN
 from evolve.evolution.budget import estimate, read_spend
 from evolve.evolution.manifest import build_manifest
 from evolve.evolution.offline import rebuild_names
 from evolve.evolution.store import RunNotFound, RunStore
+from evolve.evolution.summary import transfer, transfer_lines
 from evolve.models.llm import LLMError
 from evolve.resources import seed_file
-from evolve.scoring import fmt_score
 from evolve.scoring.fitness import mismatch
 
 
@@ -145,6 +147,17 @@ def add_command(sub: Any) -> None:
         help="seed of the run's random choices (offline search, sampled cases); a run repeated "
         "with other seeds shows how much its outcome varies (default 0)",
     )
+    run.add_argument(
+        "--guard",
+        action="append",
+        metavar="BENCH:SPLIT[@N]",
+        default=None,
+        help="a guard set (repeatable): data the run never tunes on, where a new best or "
+        "specialist must not be worse than the program it replaces (paired bootstrap, margin "
+        f"{MARGIN * 100:g} pp); @N: its first N conversations; 'none': no guards (default: "
+        + "; ".join(f"{', '.join(g)} on {b}" for b, g in DEFAULT_GUARDS.items())
+        + ", none elsewhere)",
+    )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     ablations = run.add_argument_group("ablations (docs/design.md §4)")
     ablations.add_argument(
@@ -201,6 +214,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         if args.bench is not None and args.bench != config.bench:
             raise UsageError(f"run {args.resume} evolves on {config.bench}; --bench {args.bench} "
                              "cannot change that (start a new run for another bench)")  # fmt: skip
+        if args.guard is not None:
+            raise UsageError(f"run {args.resume} keeps the guards it started with; --guard "
+                             "cannot change them (start a new run)")  # fmt: skip
         if args.rounds:
             caps["rounds"] = rounds
         return config.replace(**caps)
@@ -225,8 +241,27 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         holistic=args.holistic, selection=args.selection, cases=args.cases,
         offline_search=args.offline_search, index_moves=args.index_moves,
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
-        minibatch=args.minibatch, rng_seed=args.search_seed, **caps,
+        minibatch=args.minibatch, rng_seed=args.search_seed,
+        guards=_guards(args.guard, args.bench or "beam"), **caps,
     )  # fmt: skip
+
+
+def _guards(given: list[str] | None, bench: str) -> tuple[str, ...]:
+    """The run's guard specs: the flags' (``none``: no guards), else the bench's default
+    (:data:`~evolve.datasets.guards.DEFAULT_GUARDS`); a spec that does not parse is one line."""
+    if given is None:
+        return DEFAULT_GUARDS.get(bench, ())
+    if "none" in given:
+        if len(given) > 1:
+            raise UsageError("--guard none turns guards off; it cannot be combined with others")
+        return ()
+    try:
+        names = [parse_guard(g).name for g in given]
+    except ValueError as exc:
+        raise UsageError(f"--guard: {exc}") from None
+    if len(set(names)) != len(names):
+        raise UsageError(f"--guard: a guard is named twice ({', '.join(names)})")
+    return tuple(names)
 
 
 def _slice(given: int | str | None, bench: str) -> int | None:
@@ -275,15 +310,28 @@ def _check_seed(seed: str) -> None:
 
 
 def _check_tasks(config: RunConfig) -> None:
-    """Refuse, before a run is created, splits that leave nothing to evaluate."""
-    from evolve.evolution.loop import task_set
+    """Refuse, before a run is created, splits that leave nothing to evaluate and guards that
+    do not load, are empty or share a conversation with train or valid."""
+    from evolve.evolution.loop import guard_sets, task_set
     from evolve.executor import EvalError, check_evaluable
 
     try:
         for split in SPLITS:
             check_evaluable(task_set(config, split))
-    except EvalError as exc:
+        for _, tasks in guard_sets(config):
+            check_evaluable(tasks)
+    except (EvalError, DataError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _say_guards(config: RunConfig) -> None:
+    """The run's guards in one line (or that it has none)."""
+    if not config.guards:
+        err.print("no guard sets: selection reads valid only (--guard BENCH:SPLIT adds one)")
+        return
+    err.print(f"guards: {', '.join(config.guards)} — a new best or specialist must not be worse "
+              f"there than the program it replaces (margin {MARGIN * 100:g} pp; --guard none "
+              "turns them off)", highlight=False)  # fmt: skip
 
 
 def _open_run(args: argparse.Namespace) -> tuple[RunStore, dict[str, Any]]:
@@ -319,6 +367,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
     _say_fitness(config)
+    _say_guards(config)
     if args.resume:
         _say_unrecovered(store)
     with bar as advance:
@@ -333,15 +382,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         evolution = Evolution(store, config, progress, eval_progress=eval_progress)
         try:
-            best = evolution.run()
+            evolution.run()
         except (EvalError, LLMError) as exc:
             raise UsageError(f"{exc} (resume with: evolve run --resume {store.run_id})") from None
-    seed_meta = next(c for c in store.candidates() if c.stage == "seed")
-    for label, meta in (("seed", seed_meta), ("best", best)):
-        v = meta.scores["valid"]["overall"]
-        sim, hit = fmt_score(v["evidence_similarity"]), fmt_score(v["evidence_hit_rate"])
-        out.print(f"{label} {meta.id}: valid fitness {fmt_score(fitness(v))} of a possible "
-                  f"{fmt_score(v.get('ceiling'))} (similarity {sim}, hit rate {hit})")  # fmt: skip
+    for line in transfer_lines(transfer(store.candidates())):
+        out.print(line, highlight=False)
     spend = read_spend(store.root).total
     if spend.calls:
         out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"
@@ -391,9 +436,14 @@ def _say_unrecovered(store: RunStore) -> None:
 
 
 def _dry_run(config: RunConfig) -> int:
-    from evolve.evolution.loop import workload
+    from evolve.evolution.loop import guard_sets, workload
 
     work = workload(config)
+    for key, tasks in guard_sets(config):
+        n = len(tasks.conversations)
+        out.print(f"guard {key.removeprefix('guard:')}: {n} conversation{'s' * (n != 1)}, "
+                  f"{len(tasks.questions)} questions, scored for the seed and for each "
+                  "candidate that wins valid", highlight=False)  # fmt: skip
     rows = estimate(work, config.task_model, config.coder_model, config.judge_model)
     out.print(f"dry run on {config.bench}: {work.rounds} rounds of {config.children} "
               f"child{'ren' * (config.children != 1)}, up to {work.evaluations} "

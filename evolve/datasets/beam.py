@@ -75,7 +75,7 @@ SUBTYPE_FIELD: dict[str, str] = {
 CHAT_FILES: tuple[str, ...] = ("chat_trunecated.json", "chat.json")  # preference order
 QUESTIONS_FILE = Path("probing_questions") / "probing_questions.json"
 TOPIC_FILE = "topic.json"
-SPLIT_NAMES: tuple[str, ...] = ("train", "valid", "holdout", "test")
+SPLIT_NAMES: tuple[str, ...] = ("train", "valid", "holdout", "test", "guard")
 DEFAULT_SPLIT = "valid"  # what `evolve eval` scores unless told otherwise
 DEFAULT_SPLITS_FILE = split_file("beam.json")
 

@@ -2,7 +2,9 @@
 
 Owns ``splits/beam.json``. BEAM (docs/design.md §6): the BEAM-100K conversations found on disk, in
 numeric order, are shuffled with ``random.Random(seed)``; the first 8 are train, the next 6
-valid, the last 6 holdout. Test is every BEAM-1M conversation with a chat file in the data dir.
+valid, the last 6 holdout. Test is every BEAM-1M conversation with a chat file in the data dir,
+guard (the default run's longer-history guard set, :mod:`evolve.datasets.guards`) every BEAM-500K
+one.
 
 Invariants:
 - The same seed and the same data give byte-identical files (no timestamps, sorted keys).
@@ -31,7 +33,8 @@ BEAM_TRAIN, BEAM_VALID, BEAM_HOLDOUT = 8, 6, 6
 BEAM_GENERATOR = (
     "evolve.datasets.splits.build_beam_splits: BEAM-100K conversation numbers in numeric order, "
     "shuffled with random.Random(seed); first 8 = train, next 6 = valid, last 6 = holdout; "
-    "test = every BEAM-1M conversation with a chat file in the data dir (numeric order)"
+    "test = every BEAM-1M conversation with a chat file in the data dir (numeric order); "
+    "guard = every BEAM-500K conversation with a chat file in the data dir (numeric order)"
 )
 
 
@@ -68,6 +71,7 @@ def build_beam_splits(data_dir: Path, seed: int = 0) -> dict[str, Any]:
     key = beam.conv_sort_key
     splits = {name: [("100K", c) for c in sorted(cs, key=key)] for name, cs in parts.items()}
     splits["test"] = [("1M", c) for c in beam.list_conversations(data_dir, "1M")]
+    splits["guard"] = [("500K", c) for c in beam.list_conversations(data_dir, "500K")]
     return {
         "bench": "beam",
         "seed": seed,

@@ -50,6 +50,8 @@ class CandidateMeta(BaseModel):
     frozen: bool = False
     attempts: list[str] = []  # why each earlier attempt of its round failed (repair feedback)
     cascade: dict[str, Any] | None = None  # its minibatch screen (evolve.evolution.cascade)
+    # the guard tests it met when it won valid (evolve.evolution.archive.GuardCheck.as_json)
+    guards: list[dict[str, Any]] = []
 
     @field_validator("stage", "status", "capability")
     @classmethod

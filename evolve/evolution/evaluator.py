@@ -14,10 +14,20 @@ round's minibatch first (the rules are :mod:`evolve.evolution.cascade`'s):
   status still ``proposed``) and it gets the full train + valid evaluation, where stage reuse
   serves the minibatch conversations' stages.
 
-A candidate's ``seconds`` is everything its evaluations took (minibatch and full). Resume: a
-child whose screen is recorded is not screened again; a judged one (:data:`JUDGED`) is left as
-it is. Each evaluation logs ``evaluating`` (``phase``: ``minibatch`` or ``full``) when it
-starts, and ``screened`` or ``evaluated`` when its result is filed.
+**Guard sets** (:mod:`evolve.datasets.guards`, the archive's rule): the seed's full
+evaluation covers every guard of the run too (its figures are computed once). After a round's
+children are filed, :meth:`Evaluator.guard` replays the archive; while it names a challenger
+that won valid but has no guard figures (``Archive.pending``), that one candidate is evaluated
+on the guards (phase ``guard``: the same backend, stage reuse, task model and judge as valid,
+no diagnosis), its blocks filed under ``guard:<name>`` with the guard tests it met
+(``guards``), and the archive replayed again. A child the cascade stopped never reaches it, and
+only a candidate that would otherwise be promoted is ever scored on a guard.
+
+A candidate's ``seconds`` is everything its evaluations took (minibatch, full and guards).
+Resume: a child whose screen is recorded is not screened again; a judged one (:data:`JUDGED`)
+is left as it is, and :meth:`Evaluator.guard` finishes any guard evaluation an interruption cut
+off. Each evaluation logs ``evaluating`` (``phase``: ``minibatch``, ``full`` or ``guard``) when
+it starts, and ``screened``, ``evaluated`` or ``guarded`` when its result is filed.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from typing import Any
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend
-from evolve.evolution.archive import fitness, question_fitness
+from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, EvalReport, ProgressFn, evaluate
@@ -83,10 +93,12 @@ class Evaluator:
         tasks: Callable[[str], TaskSet],
         after: Callable[[str], None],
         progress: EvalProgress | None = None,
+        guards: Callable[[], Phase] = list,
     ) -> None:
         self.store, self.config, self.worker, self.judge = store, config, worker, judge
         self.backend, self.tasks, self.after = backend, tasks, after
         self.progress = progress
+        self.guards = guards  # (scores key, tasks) of each guard of the run, loaded on first use
 
     def judge_all(
         self, children: list[tuple[CandidateMeta, CheckReport | None]], parent: CandidateMeta | None
@@ -98,10 +110,39 @@ class Evaluator:
             self._screen([j for j in jobs if j.candidate.cascade is None], parent)
         full = [dataclasses.replace(j, candidate=self.store.get(j.candidate.id)) for j in jobs]
         phase = [(split, self.tasks(split)) for split in SPLITS]
+        if parent is None and all(j.candidate.stage == "seed" for j in full):
+            phase += self.guards()  # the seed's guard figures, computed once
         for job, results in self._run([j for j in full if j.candidate.status == "proposed"],
                                       "full", phase):  # fmt: skip
             if results is not None:
                 self._file(job, results)
+        self.guard()
+
+    def guard(self) -> None:
+        """Score each challenger the archive holds back for want of guard figures on the guards,
+        one at a time, until the archive's replay needs none (see the module docstring)."""
+        while (pending := archive(self.store.candidates()).pending) is not None:
+            meta = self.store.get(pending)
+            report = check_program(self.store.source(meta.id), meta.id)
+            if report.program is None:  # passed once: the checker has changed since
+                self._give_up(meta, report, "rejected", report.repair_text())
+                continue
+            program = dataclasses.replace(report.program, path=str(self.store.source_path(meta.id)))
+            for _, results in self._run([_Job(meta, program, report)], "guard", self.guards()):
+                if results is None:  # failed on a guard: filed "failed", out of the archive
+                    continue
+                meta = self.store.get(pending)
+                self.store.update(
+                    meta.id,
+                    scores={**meta.scores, **{k: score_block(r) for k, r in results.items()}},
+                    usage={**meta.usage, **{k: r.usage for k, r in results.items()}},
+                    seconds=meta.seconds + sum(float(r.meta["seconds"]) for r in results.values()),
+                )  # fmt: skip
+                checks = archive(self.store.candidates()).checks.get(meta.id, [])
+                self.store.update(meta.id, guards=[c.as_json() for c in checks])
+                failed = [c.reason for c in checks if not c.passed]
+                self.store.log_event("guarded", candidate=meta.id, passed=not failed,
+                                     reasons=failed)  # fmt: skip
 
     def _checked(self, candidate: CandidateMeta, report: CheckReport | None) -> _Job | None:
         if candidate.status in JUDGED:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from contract.spec import CONTRACT_VERSION
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.summary import ancestry, fitness_mode, scores
+from evolve.evolution.summary import ancestry, fitness_mode, scores, transfer, transfer_lines
 from evolve.files import write_atomic
 from sandbox.check import check_program
 
@@ -70,6 +70,7 @@ def header(store: RunStore, meta: CandidateMeta, when: datetime | None = None) -
             text = f"fitness {s['fitness']:.4f}, similarity {_num(s['similarity'])}, "
             text += f"hit rate {_num(s['hit_rate'])}"
         lines.append(f"#   {split}: {text}")
+    lines += [f"# {line}" for line in transfer_lines(transfer(store.candidates(), of=meta))]
     lines.append("# lineage (back to the seed):")
     for node in ancestry(store, meta.id):
         parents = f" <- {', '.join(node.parents)}" if node.parents else ""

@@ -29,6 +29,11 @@ their questions carry that bench's native capabilities.
   program files nothing and logs ``proposal_failed``. Each candidate records the errors of its
   earlier attempts and what its proposal and evaluations spent (and took: ``seconds``).
 
+- **Guard sets** (``RunConfig.guards``, :mod:`evolve.datasets.guards`): data the loop never
+  diagnoses, builds cases from, annotates or shows a proposer; the seed is scored on them once,
+  and a challenger that wins valid must also be not worse there than the holder it replaces
+  (the archive's rule; the evaluator scores it on the guards only then).
+
 Budget: before each round :meth:`~evolve.evolution.budget.Budget.stop_reason` is asked; when a
 cap would be passed the run stops cleanly (:attr:`Evolution.stopped`) and resumes later with a
 higher cap. Spend lives in the run's call log, so it is never reset.
@@ -56,6 +61,7 @@ from typing import Any
 
 from evolve.config import SPLITS, STAGES, RunConfig
 from evolve.datasets.benches import load_taskset, run_split
+from evolve.datasets.guards import load_guard, parse_guard
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend, make_backend
 from evolve.evolution.annotate import Labels, annotate
@@ -63,7 +69,7 @@ from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
-from evolve.evolution.evaluator import EvalProgress, Evaluator
+from evolve.evolution.evaluator import EvalProgress, Evaluator, Phase
 from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
@@ -115,6 +121,14 @@ def task_set(config: RunConfig, split: str) -> TaskSet:
     data_dir = Path(config.data_dir)
     tasks = load_taskset(config.bench, data_dir, run_split(config.bench, data_dir, split))
     return tasks.first(config.conversations)
+
+
+def guard_sets(config: RunConfig) -> Phase:
+    """A run's guards as (scores key, task set); DataError (one line) for a guard that does not
+    load or shares a conversation with the run's train or valid."""
+    run = [task_set(config, split) for split in SPLITS]
+    guards = [parse_guard(spec) for spec in config.guards]
+    return [(g.key, load_guard(g, Path(config.data_dir), run)) for g in guards]
 
 
 def workload(config: RunConfig) -> Workload:
@@ -183,8 +197,10 @@ class Evolution:
                                           **config.llm_limits())  # fmt: skip
         self.worker = worker_config(config, store.root, "evolve", script=task_script)
         self.evaluator = Evaluator(store, config, self.worker, self.judge, lambda: self.backend,
-                                   self.tasks, self.compare_routing, eval_progress)  # fmt: skip
+                                   self.tasks, self.compare_routing, eval_progress,
+                                   self.guards)  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
+        self._guards: Phase | None = None
         self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
         self._labels: dict[str, Labels] | None = None
         # The coder's model labels the tasks; without one (or with an injected coder and no
@@ -206,6 +222,13 @@ class Evolution:
         if split not in self._tasks:
             self._tasks[split] = task_set(self.config, split)
         return self._tasks[split]
+
+    def guards(self) -> Phase:
+        """The run's guards (:func:`guard_sets`), loaded on first use; the evaluator alone reads
+        them."""
+        if self._guards is None:
+            self._guards = guard_sets(self.config)
+        return self._guards
 
     def run(self) -> CandidateMeta:
         """Run every remaining round (or until a budget cap); returns the best program overall."""

@@ -4,11 +4,12 @@ Owns :func:`report_data` (everything the page shows, JSON-ready, derived from th
 its call log), :func:`render_html`, :func:`write_report` and :func:`watch` (``evolve report
 --watch``: the page rewritten while a run goes, reloading itself, until the run is finished).
 
-Sections, each an ``<section id=...>``: ``summary``, ``matrix`` (capability × candidate valid
-fitness), ``lineage`` (the tree with each node's stage and target capability), ``progress``
-(best valid fitness so far per capability, by candidate), ``spend`` (per role and per
-role/stage), ``cache`` (stage-cache hit rates of the evaluations) and ``integration`` (the
-specialists that went into each integrated program).
+Sections, each an ``<section id=...>``: ``summary``, ``transfer`` (the best's and the seed's
+fitness on valid and on each guard set, beside the ceiling), ``matrix`` (capability ×
+candidate valid fitness), ``lineage`` (the tree with each node's stage and target
+capability), ``progress`` (best valid fitness so far per capability, by candidate),
+``spend`` (per role and per role/stage), ``cache`` (stage-cache hit rates of the evaluations)
+and ``integration`` (the specialists that went into each integrated program).
 
 Invariants: the page needs no network and no script — styles are inline, charts are inline SVG,
 a watched page reloads by a meta refresh and is replaced atomically;
@@ -39,6 +40,7 @@ from evolve.evolution.summary import (
     split_ceiling,
     split_fitness,
     status,
+    transfer,
 )
 from evolve.files import write_atomic
 from evolve.scoring import fmt_score
@@ -69,6 +71,7 @@ def report_data(store: RunStore) -> dict[str, Any]:
         "fitness": fitness_mode(store.manifest),
         "ceiling": _ceiling(candidates),
         "best": kept.best.id if kept.best else None,
+        "transfer": transfer(candidates, kept),
         "specialists": {cap: m.id for cap, m in kept.specialists.items()},
         "matrix": matrix,
         "lineage": _lineage(candidates),

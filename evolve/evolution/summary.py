@@ -9,7 +9,10 @@ mode, :func:`fitness_mode`) and ``None`` where a candidate has no score on that 
 retrieval fitness (evidence coverage) with its ceiling (:func:`split_ceiling`: the gold
 evidence packed into the budget), similarity and hit rate stay beside it as diagnostics.
 Damaged candidates are left out as the store leaves them out (an ancestor that does not load
-ends its branch). :func:`evaluation` describes an ``evolve eval`` folder.
+ends its branch). :func:`evaluation` describes an ``evolve eval`` folder. :func:`transfer` is
+the best's fitness on valid and on each guard set beside the seed's and the ceiling (where a
+program gained and where it lost), the one table ``run``, ``status``, ``programs``, ``report``,
+``export`` and ``freeze`` all show (:func:`transfer_lines` as text).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from evolve.config import STAGES
+from evolve.datasets.guards import KEY_PREFIX as GUARD_PREFIX
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution.archive import archive, fitness
+from evolve.evolution.archive import Archive, archive, fitness, guard_keys
 from evolve.evolution.budget import read_spend
 from evolve.evolution.cascade import saved_seconds
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
@@ -147,6 +151,7 @@ def status(store: RunStore) -> dict[str, Any]:
         "stopped": stopped,
         "fitness": fitness_mode(manifest),
         "best": {"id": best.id, **scores(best.scores["valid"]["overall"])} if best else None,
+        "transfer": transfer(candidates, kept),
         "diagnostics": best.scores["train"].get("diagnostics") if best else None,
         "specialists": {
             cap: {"id": m.id, "name": CAPABILITY_NAMES[cap],
@@ -162,6 +167,52 @@ def status(store: RunStore) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def transfer(
+    candidates: list[CandidateMeta], kept: Archive | None = None, of: CandidateMeta | None = None
+) -> dict[str, Any] | None:
+    """The best's (or ``of``'s) and the seed's fitness on valid and on each of the run's guards,
+    with the ceiling (the seed's record: the gold evidence packed into the budget) and the
+    candidates a guard held back; None before anything is evaluated. ``kept``: the archive, if
+    at hand."""
+    kept = kept or archive(candidates)
+    best = of or kept.best
+    if best is None:
+        return None
+    seed = next((c for c in candidates if c.stage == "seed" and c.status == "evaluated"), best)
+    rows = []
+    for key in ["valid", *guard_keys(candidates)]:
+        mine, theirs = split_fitness(best, key), split_fitness(seed, key)
+        rows.append({"split": key.removeprefix(GUARD_PREFIX), "guard": key != "valid",
+                     "seed": theirs, "program": mine,
+                     "delta": None if mine is None or theirs is None else mine - theirs,
+                     "ceiling": split_ceiling(seed, key)})  # fmt: skip
+    held = [c for c in candidates if kept.held_back(c.id)]
+    role = "best" if kept.best is not None and best.id == kept.best.id else "candidate"
+    reasons = {c.id: [str(g.reason) for g in kept.held_back(c.id)] for c in held}
+    return {"program": best.id, "role": role, "seed": seed.id, "rows": rows, "held_back": reasons}
+
+
+def transfer_lines(t: dict[str, Any] | None) -> list[str]:
+    """:func:`transfer` as plain text lines (empty when there is nothing yet)."""
+    if t is None:
+        return []
+    who = t["role"]
+    lines = [f"{who} {t['program']} against seed {t['seed']} (fitness; of a possible: the "
+             "ceiling):"]  # fmt: skip
+    for r in t["rows"]:
+        delta = "" if r["delta"] is None else f" ({r['delta'] * 100:+.1f} pp)"
+        label = f"guard {r['split']}" if r["guard"] else "valid"
+        lines.append(f"  {label}: seed {fmt_score(r['seed'])}, {who} {fmt_score(r['program'])}"
+                     f"{delta} of a possible {fmt_score(r['ceiling'])}")  # fmt: skip
+    if not any(r["guard"] for r in t["rows"]):
+        lines.append("  no guard sets: nothing outside valid was checked")
+    n = len(t["held_back"])
+    if n:
+        lines.append(f"  {n} candidate{'s' * (n != 1)} won valid but a guard held "
+                     f"{'them' if n != 1 else 'it'} back (evolve programs shows why)")  # fmt: skip
+    return lines
+
+
 def candidate(meta: CandidateMeta) -> dict[str, Any]:
     """One candidate as a row: identity, story, and valid fitness overall and per capability."""
     return {
@@ -174,6 +225,10 @@ def candidate(meta: CandidateMeta) -> dict[str, Any]:
         "by_capability": {cap: split_fitness(meta, cap=cap) for cap in CAPABILITIES},
         "frozen": meta.frozen,
         "message": meta.message,
+        "guards": [
+            {k: g[k] for k in ("guard", "role", "passed", "fitness", "holder_fitness", "reason")}
+            for g in meta.guards
+        ],  # fmt: skip
     }
 
 

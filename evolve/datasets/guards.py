@@ -1,0 +1,89 @@
+"""Guard sets: data a run never diagnoses, targets or tunes on, which its bests must not lose.
+
+Owns the guard spec's syntax (:class:`Guard`, :func:`parse_guard`), a run's default guards
+(:data:`DEFAULT_GUARDS`, per bench) and :func:`load_guard`, which reads a guard's task set and
+refuses one that shares a conversation with the run's own splits. The non-inferiority rule that
+reads guard scores is :mod:`evolve.evolution.archive`'s.
+
+Spec: ``BENCH:SPLIT`` or ``BENCH:SPLIT@N``. ``SPLIT`` is any split the bench's loader reads
+(``evolve eval --split``; it may itself hold a colon, as in ``beam:all:500K``); ``@N`` keeps
+only its first N conversations (:meth:`~evolve.datasets.types.TaskSet.first`, the rule of
+``--conversations``). :attr:`Guard.name` is the canonical spelling, and the key its scores are
+filed under on a candidate is :attr:`Guard.key` (``guard:<name>``).
+
+Invariants: parsing needs no data (a config validates its guards offline); loading checks that
+the split exists, has questions, and shares no conversation with the run's train or valid, so
+a guard's questions can never reach diagnosis, failing cases or a proposer through them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from evolve.datasets.benches import BENCHES, load_taskset
+from evolve.datasets.types import DataError, TaskSet
+
+KEY_PREFIX = "guard:"  # a candidate's scores key of a guard: KEY_PREFIX + Guard.name
+# The guards a new run on a bench gets when --guard is not given (a bench not named: none).
+# BEAM: the LoCoMo sample (its one conversation, conv-26: other speakers, other question
+# kinds) and the first BEAM-500K conversation of the shipped `guard` split (five times
+# longer histories than BEAM-100K). One conversation each keeps the default run's cold start
+# within its time goal: the seed encodes the 500K one once (stage reuse serves every later
+# candidate's extraction and index), docs/design.md "Guard sets".
+DEFAULT_GUARDS: dict[str, tuple[str, ...]] = {"beam": ("locomo:all@1", "beam:guard@1")}
+_SPEC = re.compile(r"^(?P<bench>[a-z0-9_]+):(?P<split>[A-Za-z0-9_:.-]+?)(?:@(?P<n>[0-9]+))?$")
+
+
+@dataclass(frozen=True)
+class Guard:
+    """One guard set: a bench's split, only its first ``conversations`` (None: all)."""
+
+    bench: str
+    split: str
+    conversations: int | None = None
+
+    @property
+    def name(self) -> str:
+        tail = "" if self.conversations is None else f"@{self.conversations}"
+        return f"{self.bench}:{self.split}{tail}"
+
+    @property
+    def key(self) -> str:
+        return KEY_PREFIX + self.name
+
+
+def parse_guard(text: str) -> Guard:
+    """A guard spec as :class:`Guard`; ValueError with one line when it is not one."""
+    match = _SPEC.match(text.strip())
+    if match is None:
+        raise ValueError(f"guard {text!r} is not BENCH:SPLIT or BENCH:SPLIT@N "
+                         "(e.g. locomo:all@1, beam:guard@1)")  # fmt: skip
+    bench, split, n = match["bench"], match["split"], match["n"]
+    if bench not in BENCHES:
+        raise ValueError(f"guard {text!r}: unknown bench {bench!r} (one of {', '.join(BENCHES)})")
+    if n is not None and int(n) < 1:
+        raise ValueError(f"guard {text!r}: @N needs at least 1 conversation")
+    return Guard(bench, split, None if n is None else int(n))
+
+
+def load_guard(guard: Guard, data_dir: Path, run_splits: list[TaskSet]) -> TaskSet:
+    """The guard's task set, read from ``data_dir``. DataError (one line) when the split does not
+    load, holds no question, or shares a conversation with one of ``run_splits`` (the run's
+    train and valid)."""
+    try:
+        tasks = load_taskset(guard.bench, data_dir, guard.split).first(guard.conversations)
+    except DataError as exc:
+        raise DataError(f"guard {guard.name}: {exc}") from None
+    if not tasks.questions:
+        raise DataError(f"guard {guard.name}: no questions to evaluate")
+    mine = {c.id for c in tasks.conversations}
+    for split in run_splits:
+        shared = sorted(mine & {c.id for c in split.conversations})
+        if shared:
+            raise DataError(
+                f"guard {guard.name} shares {', '.join(shared)} with the run's "
+                f"{split.split} split: a guard must be data the run never sees"
+            )
+    return tasks
