@@ -1,14 +1,18 @@
 """The confined host process: the only place where candidate code runs.
 
 Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'``.
-Before it reads any candidate code it confines itself (:func:`confine`): a new network
-namespace (no interfaces, so no network) and resource limits. It imports the libraries programs
-may use and, when started as root, chroots into its scratch directory and becomes a throwaway
-uid with no supplementary groups that cannot create processes or threads (RLIMIT_NPROC = 1).
-It disarms process, network and file functions they could reach through those libraries,
-and serves requests over stdin/stdout frames. Candidate modules get restricted builtins
-(:func:`restricted_builtins`): no ``open``/``exec``/``eval``/``compile``, and an ``__import__``
-that admits only the allow-listed modules of :mod:`sandbox.static`.
+Before it reads any candidate code it confines itself, root or not (:mod:`sandbox.barrier`):
+new user (unless root), mount, network and PID namespaces with a reaper outside; resource
+limits (:func:`confine`); the libraries programs may use imported while the interpreter's files
+are still readable (:func:`warm_up`); a chroot into a capped tmpfs on its scratch directory,
+then a throwaway uid (root) or no capabilities (everyone else); no new processes or threads,
+Landlock and a seccomp filter. Where the kernel refuses a step the host reports what it got
+instead (the ``ready`` frame's ``isolation``), and as root without namespaces it still chroots
+and becomes a throwaway uid. It also disarms process, network and file functions reachable
+through the allowed libraries, and serves requests over stdin/stdout frames. Candidate modules
+get restricted builtins (:func:`restricted_builtins`): no ``open``/``exec``/``eval``/
+``compile``, and an ``__import__`` that admits only the allow-listed modules of
+:mod:`sandbox.static`.
 
 Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe`` (the sandbox tiers, see
 :mod:`sandbox.tiers`) and ``units``, ``query``, ``index``, ``restore``, ``retrieve`` (evaluation;
@@ -22,56 +26,46 @@ for a tier rule, or ``exception``), so nothing reads them back out of the text.
 from __future__ import annotations
 
 import builtins
-import ctypes
 import json
 import os
 import resource
 import sys
 from typing import Any
 
+from sandbox import barrier
 from sandbox.serve import Server
 from sandbox.wire import encode_frame, reader
 
-CLONE_NEWNET = 0x40000000
 _DENIED_BUILTINS = {
     "open", "exec", "eval", "compile", "globals", "locals", "vars", "breakpoint", "input",
     "exit", "quit", "help", "memoryview", "copyright", "credits", "license",
 }  # fmt: skip
 
 
-def confine(limits: dict[str, Any]) -> dict[str, Any]:
-    """Network namespace and resource limits; returns what was obtained (for the report)."""
-    got: dict[str, Any] = {}
-    libc = ctypes.CDLL(None, use_errno=True)
-    got["network"] = "namespace" if libc.unshare(CLONE_NEWNET) == 0 else "python-level block"
+def confine(limits: dict[str, Any]) -> None:
+    """Resource limits of the host process (CPU, address space, file size, open files)."""
     mb = 1 << 20
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb,) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return got
 
 
-def drop_privileges() -> dict[str, Any]:
-    """As root: confine the file system to the scratch directory (chroot), then become a
-    throwaway uid with no groups that may not create processes.
-
-    Called after every module the host needs is imported: after the chroot no file outside
-    the scratch directory can be opened, the interpreter's own included.
-    """
-    if os.geteuid() != 0:
-        return {"user": "unchanged (not started as root)", "processes": "python-level block",
-                "filesystem": "python-level block"}  # fmt: skip
-    os.chroot(os.getcwd())  # the scratch directory becomes the whole file system
+def drop_privileges_without_namespaces(report: dict[str, Any]) -> None:
+    """As root where the kernel refused namespaces: chroot to the scratch directory (no size
+    cap), then become a throwaway uid (100000 + this PID: no two live hosts share one) with no
+    groups. Called after every module the host needs is imported."""
+    if "namespaces" in report or os.geteuid() != 0:
+        return
+    os.chroot(os.getcwd())
     os.chdir("/")
-    uid = 100_000 + int.from_bytes(os.urandom(2), "big")
-    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+    uid = barrier.THROWAWAY_UID_BASE + os.getpid()
     os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    return {"user": f"throwaway uid {uid}", "processes": "none allowed (RLIMIT_NPROC=1)",
-            "filesystem": "chroot to the scratch directory"}  # fmt: skip
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    report.update(user=f"throwaway uid {uid}, no groups",
+                  filesystem="chroot to the scratch directory (size not capped)")  # fmt: skip
 
 
 def warm_up() -> None:
@@ -163,10 +157,14 @@ def restricted_builtins() -> dict[str, Any]:
 def main() -> None:
     limits = json.loads(sys.argv[1])
     out = sys.stdout.buffer
-    isolation = confine(limits)
+    isolation = barrier.enter()  # forks: from here on this is the host, PID 1 of its namespace
+    confine(limits)
     warm_up()  # while the interpreter's files are still readable
     builtins_ = restricted_builtins()
-    isolation.update(drop_privileges())
+    barrier.confine_files(isolation, limits["scratch_mb"], limits["scratch_files"])
+    drop_privileges_without_namespaces(isolation)
+    barrier.lock(isolation)
+    isolation.pop("reaper", None)
     disarm()
     sys.stdout = sys.stderr  # a program's prints must not corrupt the frames
     server = Server(out, reader(sys.stdin.buffer), builtins_)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sandbox import barrier
 from sandbox.wire import WireError, encode_frame, read_frame
 
 Serve = Callable[[dict[str, Any], list[bytes]], tuple[dict[str, Any], list[bytes]]]
@@ -53,6 +54,8 @@ class Limits:
     call_seconds: float = 600.0  # wall clock per request, including backend requests served
     start_seconds: float = 60.0  # wall clock to start and confine itself
     stderr_bytes: int = 64 << 10
+    scratch_mb: int = 64  # the scratch tmpfs in all (with namespaces; see sandbox.barrier)
+    scratch_files: int = 256  # files and directories in the scratch tmpfs
 
 
 class HostFailure(Exception):
@@ -107,6 +110,7 @@ class Host:
     def __init__(self, limits: Limits | None = None, serve: Serve | None = None) -> None:
         self.limits = limits or Limits()
         self.serve = serve
+        barrier.shield_optimizer()  # no host of this uid may read our memory or environment
         self.scratch = tempfile.mkdtemp(prefix="prismem-host-")
         os.chmod(self.scratch, 0o1777)  # the host may run as a throwaway uid
         env = {

@@ -2,7 +2,7 @@
 
 A test that needs something the machine may lack (Chromium, a model server, Ray, root) skips
 and says why, unless its switch is set to ``require`` (``.ci/run`` sets them all):
-``PRISMEM_CHROMIUM``, ``PRISMEM_REAL_LLM``, ``PRISMEM_RAY``, ``PRISMEM_ROOT_TESTS``.
+``PRISMEM_CHROMIUM``, ``PRISMEM_REAL_LLM``, ``PRISMEM_RAY``, ``PRISMEM_BARRIER``.
 """
 
 from __future__ import annotations
