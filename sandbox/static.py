@@ -51,6 +51,7 @@ from string import Formatter
 
 from contract.parsing import parse
 from contract.spec import DATACLASSES, INSTRUCTIONS, MEMORY, REQUIRED_NAMES
+from sandbox.objects import object_model_issues
 from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 
 
@@ -94,10 +95,18 @@ FORBIDDEN_ATTRIBUTES: frozenset[str] = frozenset(
     "breakpoint gi_frame gi_code cr_frame cr_code ag_frame ag_code f_globals f_locals f_back "
     "f_builtins f_code tb_frame co_code mro format_map vformat Formatter attrgetter methodcaller "
     "get_type_hints ForwardRef CodeType FunctionType LambdaType ModuleType new_class "
+    "update_wrapper no_type_check no_type_check_decorator "
+    # test runners (numpy.test, scipy.sparse.test: pytest with any arguments), progress bars
+    # that write to files and start monitor threads, test and tool submodules
+    "test tests conftest tqdm tool "
     # modules that allowed modules expose as attributes (dataclasses.sys, enum.bltns, bm25s.os)
     "os _os sys _sys builtins bltns inspect codecs logging mmap resource subprocess importlib "
     "ctypes pickle marshal socket shutil pathlib io gc warnings".split()
 )
+_SELF_DECORATORS = frozenset(
+    {"property", "classmethod", "cached_property", "functools.cached_property"}
+)
+_ACCESSOR = re.compile(r"\w+\.(setter|getter|deleter)")
 _LOAD_SAVE = re.compile(r"(load|save|dump)(s|z|txt|z_compressed|_\w+)?")
 CLASS_FACTORIES = frozenset({"make_dataclass", "NamedTuple", "TypedDict"})
 TYPE_FACTORIES = frozenset({"TypeVar", "NewType", "ParamSpec"})
@@ -144,7 +153,7 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         fix = "a patched candidate must differ from its parent; make the intended change"
         findings.append(Finding("unchanged", _say(problem, None, fix), None))
     findings += _missing_definitions(tree)
-    state = import_time_mutations(tree) + runtime_state_issues(tree)
+    state = import_time_mutations(tree) + runtime_state_issues(tree) + object_model_issues(tree)
     findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
     findings += _Checker(tree).run()
     return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
@@ -234,14 +243,18 @@ def import_allowed(name: str, fromlist: tuple[str, ...] = ()) -> bool:
 def _method_self_references(tree: ast.Module) -> set[int]:
     """Ids of the Names that refer to a method's first parameter (its own self or cls).
 
-    Only functions defined directly in a class body are methods; a plain function whose
-    parameter happens to be called ``self`` gets no private access. Nested functions and
+    Only functions defined directly in a class body, undecorated or decorated only with
+    :data:`_SELF_DECORATORS` or a property accessor, are methods; a plain function or a
+    ``@staticmethod`` whose parameter happens to be called ``self`` gets no private access. Nested functions and
     lambdas that take a parameter of the same name shadow it.
     """
     out: set[int] = set()
     functions = ast.FunctionDef | ast.AsyncFunctionDef
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         for method in (m for m in cls.body if isinstance(m, functions)):
+            decorators = [ast.unparse(d) for d in method.decorator_list]
+            if not all(d in _SELF_DECORATORS or _ACCESSOR.fullmatch(d) for d in decorators):
+                continue  # a staticmethod's first parameter, or a decorator's, is any object
             params = [*method.args.posonlyargs, *method.args.args]
             if not params or params[0].arg not in ("self", "cls"):
                 continue
@@ -306,7 +319,10 @@ def _annotation_shape(annotation: ast.expr, depth: int = 0) -> ast.expr | None:
 
 
 def _forbidden_module(path: str) -> bool:
-    private = any(part.startswith("_") for part in path.split(".")[1:])
+    """Private parts, parts named like forbidden attributes (``testing``, ``tests``,
+    ``conftest``, ``tool``, ``f2py``, ...), and :data:`FORBIDDEN_MODULES`."""
+    parts = path.split(".")[1:]
+    private = any(part.startswith("_") or part in FORBIDDEN_ATTRIBUTES for part in parts)
     return private or any(path == m or path.startswith(m + ".") for m in FORBIDDEN_MODULES)
 
 
