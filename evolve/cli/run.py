@@ -45,7 +45,7 @@ from evolve.config import (
     RunConfig,
     stored_config,
 )
-from evolve.datasets.benches import run_split
+from evolve.datasets.benches import run_split, split_files
 from evolve.datasets.guards import DEFAULT_GUARDS, parse_guard
 from evolve.datasets.types import DataError
 from evolve.evolution.archive import MARGIN
@@ -242,15 +242,27 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         offline_search=args.offline_search, index_moves=args.index_moves,
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
         minibatch=args.minibatch, rng_seed=args.search_seed,
-        guards=_guards(args.guard, args.bench or "beam"), **caps,
+        guards=_guards(args.guard, args.bench or "beam", data_dir(args.data_dir)), **caps,
     )  # fmt: skip
 
 
-def _guards(given: list[str] | None, bench: str) -> tuple[str, ...]:
+def _guards(given: list[str] | None, bench: str, root: Path) -> tuple[str, ...]:
     """The run's guard specs: the flags' (``none``: no guards), else the bench's default
-    (:data:`~evolve.datasets.guards.DEFAULT_GUARDS`); a spec that does not parse is one line."""
+    (:data:`~evolve.datasets.guards.DEFAULT_GUARDS`) less those whose data ``root`` lacks, each
+    left out in one warning line; a spec that does not parse is one error line."""
     if given is None:
-        return DEFAULT_GUARDS.get(bench, ())
+        kept = []
+        for spec in DEFAULT_GUARDS.get(bench, ()):
+            guard = parse_guard(spec)
+            try:
+                split_files(guard.bench, root, guard.split, guard.conversations)
+            except DataError as exc:
+                err.print(f"[yellow]default guard {spec} left out:[/] {escape(str(exc))} "
+                          "(--guard chooses guards, --guard none turns them off)",
+                          highlight=False)  # fmt: skip
+                continue
+            kept.append(guard.name)
+        return tuple(kept)
     if "none" in given:
         if len(given) > 1:
             raise UsageError("--guard none turns guards off; it cannot be combined with others")

@@ -1,0 +1,291 @@
+"""Guard sets: a valid winner is promoted only when it is not worse on every guard.
+
+The archive's rule is tested on scripted scores; the loop (evaluation on the guards, stage
+reuse, what never reaches a proposer, resume) on the first BEAM-100K conversation of train and
+valid with the hashing embedder (a test double: deterministic numbers), guarded by the first
+holdout conversation and the LoCoMo sample; the CLI's flags on a dry run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evolve.cli.main import main
+from evolve.datasets.guards import DEFAULT_GUARDS, Guard, parse_guard
+from evolve.evolution.archive import MARGIN, archive, non_inferior
+from evolve.evolution.coder import render_request
+from evolve.evolution.loop import Evolution, RunConfig
+from evolve.evolution.proposer import Request
+from evolve.evolution.stages import refinement_targets
+from evolve.evolution.store import CandidateMeta, RunStore
+from evolve.evolution.summary import transfer, transfer_lines
+from evolve.evolution.tpe import offline_proposer
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPS = {f"q{i}": "FT"[i % 2] for i in range(24)}  # 12 F questions, 12 T questions
+GUARD = "guard:locomo:all@1"
+BASE = {q: 0.5 for q in CAPS}
+
+
+def block(per_question: dict[str, float]) -> dict[str, Any]:
+    def part(ids: list[str]) -> dict[str, Any]:
+        mean = sum(per_question[q] for q in ids) / len(ids)
+        return {"fitness": mean, "ceiling": 0.9, "n": len(ids)}
+
+    return {"overall": part(list(per_question)),
+            "by_capability": {c: part([q for q in per_question if CAPS[q] == c]) for c in "FT"},
+            "questions": per_question, "question_capabilities": CAPS}  # fmt: skip
+
+
+def meta(number: int, valid: dict[str, float], guard: dict[str, float] | None) -> CandidateMeta:
+    scores = {"valid": block(valid)} | ({GUARD: block(guard)} if guard is not None else {})
+    return CandidateMeta(
+        id=f"c{number:04d}-{number:08x}", number=number, parents=[], stage="seed" if number == 0
+        else "refinement", capability=None, message="m", source_sha256=f"{number:064x}",
+        status="evaluated", sandbox=None, scores=scores, usage={}, seconds=0.0, created=0.0,
+    )  # fmt: skip
+
+
+def plus(d: float, only: str | None = None) -> dict[str, float]:
+    return {q: v + (d if only in (None, CAPS[q]) else 0.0) for q, v in BASE.items()}
+
+
+def test_a_valid_winner_that_loses_a_guard_beyond_the_margin_is_not_promoted():
+    seed, winner = meta(0, BASE, BASE), meta(1, plus(0.1), plus(-2 * MARGIN))
+    kept = archive([seed, winner])
+    assert kept.best is seed and {c.id for c in kept.specialists.values()} == {seed.id}
+    failed = kept.held_back(winner.id)
+    assert {c.role for c in failed} == {"best", "F", "T"}  # the best and both specialists
+    reason = failed[0].reason or ""
+    assert "guard locomo:all@1" in reason and seed.id in reason and "1 pp" in reason
+    assert failed[0].fitness == pytest.approx(0.5 - 2 * MARGIN) and failed[0].holder_fitness == 0.5
+    t = transfer([seed, winner], kept)
+    assert t is not None and t["held_back"] == {winner.id: [c.reason for c in failed]}
+    # without the guard, the same scores promote it
+    assert archive([meta(0, BASE, None), meta(1, plus(0.1), None)]).best.number == 1  # type: ignore[union-attr]
+
+
+def test_a_valid_winner_that_ties_or_stays_within_the_margin_is_promoted():
+    for guard in (BASE, plus(-MARGIN / 2)):
+        seed, winner = meta(0, BASE, BASE), meta(1, plus(0.1), guard)
+        kept = archive([seed, winner])
+        assert kept.best is winner and kept.specialists["F"] is winner
+        assert kept.checks[winner.id] and not kept.held_back(winner.id)
+
+
+def test_non_inferiority_is_a_paired_bootstrap_with_a_margin():
+    assert non_inferior(BASE, BASE) and non_inferior({}, {})  # a tie; nothing to compare
+    assert not non_inferior(plus(-2 * MARGIN), BASE)
+    # mostly equal, a few questions much worse: the mean drops 2.5 pp, refused
+    noisy = {q: v - (0.3 if i < 2 else 0.0) for i, (q, v) in enumerate(BASE.items())}
+    assert not non_inferior(noisy, BASE)
+    # a question the holder answered and the challenger did not counts 0 for it
+    assert not non_inferior({q: v for q, v in BASE.items() if q != "q0"}, BASE)
+
+
+def test_a_specialist_is_guarded_on_its_own_capability():
+    """An F specialist that loses T questions on the guard (not F ones) still replaces the F
+    holder; it is not the best (the T loss on the guard holds that back)."""
+    seed = meta(0, BASE, BASE)
+    f_winner = meta(1, plus(0.2, "F"), plus(-0.2, "T"))
+    kept = archive([seed, f_winner])
+    assert kept.specialists["F"] is f_winner and kept.specialists["T"] is seed
+    assert kept.best is seed and {c.role for c in kept.held_back(f_winner.id)} == {"best"}
+
+
+def test_a_valid_winner_without_guard_figures_is_pending():
+    seed, winner, later = meta(0, BASE, BASE), meta(1, plus(0.1), None), meta(2, plus(0.2), None)
+    kept = archive([seed, winner, later])
+    assert kept.pending == winner.id and kept.best is seed
+    loser = meta(1, plus(-0.1), None)  # loses valid: never needs its guard figures
+    assert archive([seed, loser]).pending is None
+
+
+def test_guard_specs_parse_and_refuse_one_line_each():
+    assert parse_guard("beam:all:500K@2") == Guard("beam", "all:500K", 2)
+    assert parse_guard("locomo:sample:valid").name == "locomo:sample:valid"
+    assert [parse_guard(g).name for g in DEFAULT_GUARDS["beam"]] == list(DEFAULT_GUARDS["beam"])
+    for bad in ("beam", "nope:valid", "beam:valid@0", "beam:valid@x", ""):
+        with pytest.raises(ValueError) as exc:
+            parse_guard(bad)
+        assert "\n" not in str(exc.value)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["run", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_defaults_turns_off_and_refuses_guards(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    common = ["--dry-run", "--data-dir", str(data_dir), "--runs-dir", str(tmp_path)]
+    code, out, _ = run_cli(capsys, *common)
+    assert code == 0
+    for spec in DEFAULT_GUARDS["beam"]:
+        assert f"guard {spec}: 1 conversation" in out
+    code, out, _ = run_cli(capsys, *common, "--guard", "none")
+    assert code == 0 and "guard " not in out
+    code, out, _ = run_cli(capsys, *common, "--guard", "beam:holdout@2", "--guard", "locomo:all")
+    assert code == 0 and "guard beam:holdout@2: 2 conversations, 40 questions" in out
+    for bad, says in ((["--guard", "beam"], "is not BENCH:SPLIT"),
+                      (["--guard", "beam:nosuch"], "unknown BEAM split"),
+                      (["--guard", "beam:valid"], "shares beam/100K/4"),
+                      (["--guard", "none", "--guard", "beam:holdout"], "--guard none")):  # fmt: skip
+        code, _, err = run_cli(capsys, *common, *bad)
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and says in errors[0], err
+        assert "Traceback" not in err
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+ROUNDS = {"cold_start": 1, "refinement": 2, "integration": 0}
+GUARDS = ("beam:holdout@1", "locomo:all@1")
+
+
+def config(data_dir: Path, cache: Path, **over: object) -> RunConfig:
+    base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
+            "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
+            "conversations": 1, "guards": GUARDS}  # fmt: skip
+    return RunConfig(**{**base, **over})  # type: ignore[arg-type]
+
+
+class Recording(Evolution):
+    """The loop, keeping every request it hands a proposer."""
+
+    requests: list[Request]
+
+    def request(self, *args: Any, **kwargs: Any) -> Request:
+        request = super().request(*args, **kwargs)
+        self.requests.append(request)
+        return request
+
+
+@pytest.fixture(scope="module")
+def guarded(
+    data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[RunStore, Recording]:
+    root = tmp_path_factory.mktemp("runs")
+    cfg = config(data_dir, offline_cache)
+    store = RunStore.create(root, {"config": cfg.as_json()}, run_id="guarded")
+    evolution = Recording(store, cfg)
+    evolution.requests = []
+    evolution.builds_cases = True  # failing cases are built as for a coder (they read traces)
+    evolution.run()
+    return store, evolution
+
+
+def test_the_seed_is_scored_on_every_guard_once_and_winners_only_on_demand(guarded):
+    store, _ = guarded
+    seed, *children = store.candidates()
+    keys = {f"guard:{g}" for g in GUARDS}
+    assert keys <= set(seed.scores) and all(seed.scores[k]["questions"] for k in keys)
+    kept = archive(store.candidates())
+    assert kept.pending is None
+    # exactly the children that won valid against a holder were scored on the guards, once each
+    guarded_ids = [e["data"]["candidate"] for e in store.events("evaluating")
+                   if e["data"]["phase"] == "guard"]  # fmt: skip
+    assert len(guarded_ids) == len(set(guarded_ids)) == len(kept.checks)
+    assert set(guarded_ids) == set(kept.checks)
+    assert guarded_ids, "no child won valid: the run tests nothing (change ROUNDS)"
+    for c in children:
+        assert (keys <= set(c.scores)) == (c.id in kept.checks)
+        if c.id in kept.checks:  # filed with its checks, as the archive replays them
+            assert c.guards == [check.as_json() for check in kept.checks[c.id]]
+    promoted = {kept.best.id, *(m.id for m in kept.specialists.values())}  # type: ignore[union-attr]
+    for cid in promoted - {seed.id}:
+        assert not kept.held_back(cid)
+    lines = transfer_lines(transfer(store.candidates()))
+    assert any(line.startswith("  guard beam:holdout@1: seed ") for line in lines), lines
+
+
+def test_guard_evaluations_reuse_stage_outputs(guarded):
+    """A child scored on a guard encodes nothing again (offline search keeps the chunk sizes):
+    its extraction and index stages are the seed's, served from the stage cache."""
+    store, _ = guarded
+    kept = archive(store.candidates())
+    for cid in kept.checks:
+        for g in GUARDS:
+            stages = store.get(cid).scores[f"guard:{g}"]["stages"]
+            assert stages["extract"]["reused"] > 0 and stages["extract"]["computed"] == 0, stages
+            assert stages["index"]["reused"] > 0 and stages["index"]["computed"] == 0, stages
+
+
+def test_guard_data_never_reaches_diagnosis_cases_or_a_proposer(guarded, data_dir: Path):
+    store, evolution = guarded
+    guard_tasks = [tasks for _, tasks in evolution.guards()]
+    conversations = {c.id for t in guard_tasks for c in t.conversations}
+    questions = {q.id for t in guard_tasks for q in t.questions}
+    texts = [q.question for t in guard_tasks for q in t.questions if len(q.question) > 30]
+    assert evolution.requests and any(r.cases for r in evolution.requests)
+    for request in evolution.requests:
+        prompt = render_request(request)  # what the coder would read
+        assert not any(text in prompt for text in texts)
+        assert not any(q in prompt for q in questions | conversations)
+        assert not {case["id"] for case in request.cases} & questions
+        for view in (request.parent, *request.specialists):
+            assert set(view.scores) <= {"train"}
+    for c in store.candidates():
+        for key in c.scores:
+            if key.startswith("guard:"):
+                assert c.scores[key]["diagnostics"] is None  # never diagnosed
+    assert not set(evolution.labels()) & questions  # never annotated
+
+
+def test_the_offline_proposer_and_its_targets_ignore_guard_scores(guarded, tmp_path: Path):
+    """Scramble every guard figure of a copy of the run: the same request gives the same
+    refinement targets and the same offline proposal."""
+    store, evolution = guarded
+    request = evolution.requests[-1]
+    labels = evolution.labels()
+    parent = store.get(request.parent.id)
+
+    def outcome(s: RunStore) -> tuple[Any, ...]:
+        candidates = s.candidates()
+        targets = refinement_targets(parent, candidates, labels, "dependency", 0, 2)
+        proposal = offline_proposer(evolution.config, s.root).propose(request)
+        return targets, proposal.source, proposal.message
+
+    copy_root = tmp_path / "copy"
+    shutil.copytree(store.root, copy_root / store.run_id)
+    copy = RunStore.open(copy_root, store.run_id)
+    before = outcome(copy)
+    for c in copy.candidates():
+        scores = {k: (_scrambled(v) if k.startswith("guard:") else v) for k, v in c.scores.items()}
+        copy.update(c.id, scores=scores)
+    assert outcome(copy) == before
+
+
+def _scrambled(block: dict[str, Any]) -> dict[str, Any]:
+    per = {q: 1.0 - v for q, v in block["questions"].items()}
+    return {**block, "questions": per, "overall": {**block["overall"], "fitness": 0.0}}
+
+
+def test_an_interrupted_guard_evaluation_is_finished_on_resume(
+    guarded, data_dir: Path, tmp_path: Path
+):
+    """Killed after a winner's full evaluation and before its guard figures were filed: the
+    resumed run scores it on the guards and ends with the same archive."""
+    store, evolution = guarded
+    kept = archive(store.candidates())
+    victim = next(iter(kept.checks))
+    shutil.copytree(store.root, tmp_path / store.run_id)
+    copy = RunStore.open(tmp_path, store.run_id)
+    meta = copy.get(victim)
+    copy.update(victim, guards=[], scores={k: v for k, v in meta.scores.items()
+                                           if not k.startswith("guard:")})  # fmt: skip
+    assert archive(copy.candidates()).pending == victim
+    resumed = Evolution(copy, evolution.config)
+    resumed.run()  # every round is done: only the guard evaluation is left
+    again = archive(copy.candidates())
+    assert again.pending is None and again.best.id == kept.best.id  # type: ignore[union-attr]
+    assert {k: v.id for k, v in again.specialists.items()} == {
+        k: v.id for k, v in kept.specialists.items()}  # fmt: skip
+    assert json.dumps(copy.get(victim).guards) == json.dumps(store.get(victim).guards)
