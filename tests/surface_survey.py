@@ -11,6 +11,7 @@ source with :mod:`ast` (following calls to functions of the same package, three 
   ``DataSource``;
 - ``process``: ``subprocess``, ``os.system``/``popen``/``exec*``/``spawn*``, an import of
   ``pytest``, ``exec``/``eval``/``compile`` (builtins);
+- ``import``: ``__import__`` or ``importlib.import_module`` (imports a module named by data);
 - ``attribute``: ``getattr``/``setattr``/``delattr`` (or ``attrgetter``/``methodcaller``) in
   the callable itself, with a name taken from its arguments (a parameter, or a loop over one).
 
@@ -35,6 +36,7 @@ import textwrap
 import types
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +83,10 @@ def _reasons(fn: Any, package: str, depth: int, seen: set[int]) -> set[str]:
     if isinstance(fn, type):
         init = vars(fn).get("__init__")
         targets = [init] if isinstance(init, types.FunctionType) else []
-    elif isinstance(fn, types.FunctionType | types.MethodType):
-        targets = [fn]
-    else:  # a callable object, such as numpy.test (a PytestTester): its class's __call__
+    else:  # and for a callable object, such as numpy.test (a PytestTester), its __call__
         call = getattr(type(fn), "__call__", None)
-        targets = [call] if isinstance(call, types.FunctionType) else []
+        plain = isinstance(fn, types.FunctionType | types.MethodType | types.BuiltinFunctionType)
+        targets = [fn] if plain or not isinstance(call, types.FunctionType) else [fn, call]
     for target in targets:
         try:
             params = set(inspect.signature(target).parameters)
@@ -146,6 +147,8 @@ def _node_reasons(node: ast.AST, data: set[str]) -> set[str]:
         return {"process"}
     if isinstance(func, ast.Name) and name in ("exec", "eval", "compile"):
         return {"process"}
+    if name in ("__import__", "import_module"):
+        return {"import"}
     return set()
 
 
@@ -161,13 +164,14 @@ def _public(obj: Any) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def _modules(top: str) -> Iterator[tuple[str, types.ModuleType]]:
-    """``top`` and its public submodules that a program could import or reach."""
+def _modules(top: str) -> Iterator[tuple[str, str, types.ModuleType]]:
+    """``top`` and its public submodules a program could import or reach, each as (the module
+    a program imports, the attribute chain from it, the module)."""
     module = importlib.import_module(top)
-    yield top, module
+    yield top, "", module
     for name, value in _public(module):
         if isinstance(value, types.ModuleType):
-            yield f"{top}.{name}", value
+            yield top, name, value
     for info in pkgutil.iter_modules(getattr(module, "__path__", []) or []):
         path = f"{top}.{info.name}"
         if info.name.startswith("_") or not import_allowed(path):
@@ -175,38 +179,54 @@ def _modules(top: str) -> Iterator[tuple[str, types.ModuleType]]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                yield path, importlib.import_module(path)
+                yield path, "", importlib.import_module(path)
         except Exception:  # an optional dependency is missing
             continue
 
 
-def survey() -> dict[str, set[str]]:
+@dataclass(frozen=True)
+class Flagged:
+    """One flagged callable: ``import module`` then ``module.chain`` reaches it."""
+
+    module: str
+    chain: str
+    reasons: frozenset[str]
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.chain}"
+
+
+def survey(modules: frozenset[str] = ALLOWED_IMPORTS) -> list[Flagged]:
     """Every flagged callable reachable as ``module.attr``, ``module.sub.attr`` or
-    ``module.Class.method`` of an allowed module, with its reasons."""
-    found: dict[str, set[str]] = {}
-    for top in sorted(ALLOWED_IMPORTS - {"__future__"}):
+    ``module.Class.method`` of ``modules`` (the allowed ones), with its reasons, by path."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for top in sorted(modules - {"__future__"}):
         package = top.split(".")[0]
-        for path, module in _modules(top):
+        for module_path, prefix, module in _modules(top):
+            base = f"{prefix}." if prefix else ""
             for name, value in _public(module):
-                members = [(f"{path}.{name}", value)]
+                members = [(f"{base}{name}", value)]
                 if isinstance(value, type):
-                    members += [(f"{path}.{name}.{m}", v) for m, v in _public(value) if callable(v)]
-                for member, obj in members:
-                    if member in C_CALLABLES:
-                        found.setdefault(member, set()).add(C_CALLABLES[member])
+                    members += [(f"{base}{name}.{m}", v) for m, v in _public(value) if callable(v)]
+                for chain, obj in members:
+                    key = (module_path, chain)
+                    if f"{module_path}.{chain}" in C_CALLABLES:
+                        found.setdefault(key, set()).add(C_CALLABLES[f"{module_path}.{chain}"])
                     if not callable(obj) or isinstance(obj, types.ModuleType):
                         continue
                     owner = (getattr(obj, "__module__", None) or package).split(".")[0]
                     reasons = _reasons(obj, owner, 0, set())
                     if reasons:
-                        found.setdefault(member, set()).update(reasons)
-    return found
+                        found.setdefault(key, set()).update(reasons)
+    flagged = [Flagged(m, c, frozenset(r)) for (m, c), r in found.items()]
+    return sorted(flagged, key=lambda f: f.path)
 
 
 def main() -> None:
     flagged = survey()
-    for member in sorted(flagged):
-        print(f"{member}: {', '.join(sorted(flagged[member]))}")
+    for item in flagged:
+        print(f"{item.path}: {', '.join(sorted(item.reasons))}")
     print(f"{len(flagged)} flagged callables", file=sys.stderr)
 
 
