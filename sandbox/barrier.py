@@ -62,6 +62,7 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 1, 4, 38
 _AF_UNIX = 1
 
 THROWAWAY_UID_BASE = 100_000
+ISOLATION_ENV = "PRISMEM_ISOLATION"  # "strict": no host starts without the whole barrier
 FULL = ("namespaces", "filesystem", "processes", "seccomp")  # what a whole barrier reports
 
 
@@ -97,7 +98,7 @@ def enter() -> dict[str, Any]:
             _write("/proc/self/setgroups", "deny")
             _write("/proc/self/uid_map", f"{uid} {uid} 1")
             _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        got["namespaces"] = ("mount, network, PID" if root else "user, mount, network, PID")
+        got["namespaces"] = "mount, network, PID" if root else "user, mount, network, PID"
     else:
         reason = os.strerror(ctypes.get_errno())
         # The network alone may still be possible (root in a container without CLONE_NEWPID).
@@ -154,9 +155,7 @@ def confine_files(report: dict[str, Any], scratch_mb: int, scratch_files: int) -
     os.chdir(here)
     os.chroot(".")
     os.chdir("/")
-    report["filesystem"] = (
-        f"chroot to a {scratch_mb} MiB tmpfs of at most {scratch_files} files"
-    )
+    report["filesystem"] = f"chroot to a {scratch_mb} MiB tmpfs of at most {scratch_files} files"
     if root:
         throwaway = THROWAWAY_UID_BASE + report["reaper"]
         os.setgroups([])
@@ -252,6 +251,11 @@ def shield_optimizer() -> None:
         _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def strict() -> bool:
+    """Whether hosts must refuse to run without the whole barrier (``PRISMEM_ISOLATION``)."""
+    return os.environ.get(ISOLATION_ENV) == "strict"
 
 
 def complete(report: dict[str, Any]) -> bool:

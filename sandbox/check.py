@@ -4,7 +4,9 @@
    host and defines the required names;
 2. **schema** — dataclass field types and signatures (in the host);
 3. **smoke** — construct, index, index empty, retrieve, with a stub backend (in the host);
-4. **probe** — the complexity probe (in the host; :mod:`sandbox.tiers`).
+4. **probe** — the complexity probe: the program runs in the host, the verdict is made here
+   from the kernel's CPU accounting of the host and the embeddings served to it
+   (:mod:`sandbox.probe`).
 
 Invariants: candidate code never runs in this process; a crash, hang or protocol breach of the
 host fails the tier it happened in with rule ``crash`` or ``timeout``. Each failure carries the
@@ -18,12 +20,14 @@ remember which sources passed, or read the file again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contract.program import source_digest
 from sandbox.fingerprint import fingerprints
 from sandbox.isolate import Host, HostFailure, HostTimeout, Limits, ProgramFailure
+from sandbox.probe import PROBE_DIM, ProbeBackend, ProbeFailure, judge
 from sandbox.static import check_source
 
 TIERS = ("source", "schema", "smoke", "probe")
@@ -106,8 +110,9 @@ def check_program(
             )
         )
         return CheckReport(False, tiers)
+    probe_backend = ProbeBackend()
     try:
-        host = Host(limits)
+        host = Host(limits, serve=probe_backend.serve)
     except HostFailure as exc:
         tiers.append(
             TierResult(
@@ -126,7 +131,6 @@ def check_program(
             ("source", "load", {"source": source, "path": path}),
             ("schema", "schema", {}),
             ("smoke", "smoke", {}),
-            ("probe", "probe", {}),
         ]
         for number, (name, op, payload) in enumerate(steps, 1):
             if number > 1:
@@ -135,6 +139,8 @@ def check_program(
             tiers.append(result)
             if not result.passed:
                 break
+        else:
+            tiers.append(_probe_tier(host, probe_backend))
         isolation = host.isolation
     if not (all(t.passed for t in tiers) and len(tiers) == len(TIERS)):
         return CheckReport(False, tiers, isolation)
@@ -142,11 +148,36 @@ def check_program(
     return CheckReport(True, tiers, isolation, program)
 
 
+def _probe_tier(host: Host, backend: ProbeBackend) -> TierResult:
+    """Tier 4: every run of the probe is a request, its CPU time read from outside the host."""
+    start = time.perf_counter()
+    deadline = time.monotonic() + TIER_SECONDS["probe"]
+
+    def run(units: int, batches: int) -> dict[str, float]:
+        before = host.cpu_seconds()
+        payload = {"units": units, "batches": batches, "dim": PROBE_DIM}
+        host.call("probe_run", payload, timeout=max(0.1, deadline - time.monotonic()))
+        return {"cpu_s": round(host.cpu_seconds() - before, 4), **backend.take()}
+
+    return _run_tier(host, 4, "probe", lambda: (judge(run), []), {}, start)
+
+
 def _run_tier(
-    host: Host, number: int, name: str, op: str, payload: dict[str, Any], start: float
+    host: Host,
+    number: int,
+    name: str,
+    op: str | Callable[[], tuple[Any, list[bytes]]],
+    payload: dict[str, Any],
+    start: float,
 ) -> TierResult:
     try:
-        details, _ = host.call(op, payload, timeout=TIER_SECONDS[name])
+        if callable(op):
+            details, _ = op()
+        else:
+            details, _ = host.call(op, payload, timeout=TIER_SECONDS[name])
+    except ProbeFailure as exc:
+        took = time.perf_counter() - start
+        return TierResult(number, name, False, took, "probe", None, str(exc))
     except ProgramFailure as exc:
         took = time.perf_counter() - start
         return TierResult(number, name, False, took, exc.rule, exc.line, str(exc))

@@ -34,6 +34,7 @@ from typing import Any
 
 from sandbox import barrier
 from sandbox.serve import Server
+from sandbox.static import ALLOWED_IMPORTS, import_allowed
 from sandbox.wire import encode_frame, reader
 
 _DENIED_BUILTINS = {
@@ -75,8 +76,6 @@ def warm_up() -> None:
     import bm25s
     import numpy as np
     import Stemmer
-
-    from sandbox.static import ALLOWED_IMPORTS
 
     for name in sorted(ALLOWED_IMPORTS - {"__future__"}):
         importlib.import_module(name)
@@ -128,8 +127,6 @@ def disarm() -> None:
 
 
 def restricted_builtins() -> dict[str, Any]:
-    from sandbox.static import import_allowed
-
     real_import = builtins.__import__
 
     def guarded_import(name: str, globals: Any = None, locals: Any = None,
@@ -154,17 +151,24 @@ def restricted_builtins() -> dict[str, Any]:
     return safe
 
 
-def main() -> None:
-    limits = json.loads(sys.argv[1])
-    out = sys.stdout.buffer
+def confine_process(limits: dict[str, Any]) -> dict[str, Any]:
+    """Every OS-level step, in order; returns what was obtained (the ``isolation`` report).
+    Python-level restrictions (:func:`restricted_builtins`, :func:`disarm`) come after."""
     isolation = barrier.enter()  # forks: from here on this is the host, PID 1 of its namespace
     confine(limits)
     warm_up()  # while the interpreter's files are still readable
-    builtins_ = restricted_builtins()
     barrier.confine_files(isolation, limits["scratch_mb"], limits["scratch_files"])
     drop_privileges_without_namespaces(isolation)
     barrier.lock(isolation)
     isolation.pop("reaper", None)
+    return isolation
+
+
+def main() -> None:
+    limits = json.loads(sys.argv[1])
+    out = sys.stdout.buffer
+    isolation = confine_process(limits)
+    builtins_ = restricted_builtins()
     disarm()
     sys.stdout = sys.stderr  # a program's prints must not corrupt the frames
     server = Server(out, reader(sys.stdin.buffer), builtins_)

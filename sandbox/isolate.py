@@ -19,6 +19,12 @@ Invariants:
   backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
   deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
   so a program cannot stretch a request without bound by calling the backend.
+- Every frame the host sends is bounded by what its request can legitimately return
+  (:data:`FRAME_BYTES`, :data:`BACKEND_FRAME_BYTES` for its backend requests), checked from
+  the length prefixes before anything is read, and read into buffers that grow only as bytes
+  arrive: a forged frame cannot make the optimizer allocate more than that.
+- :meth:`Host.cpu_seconds` is the kernel's CPU accounting of the host's processes, read from
+  ``/proc`` on the optimizer's side: nothing the program does inside can change it.
 - The host's stderr is kept up to :attr:`Limits.stderr_bytes`; the rest is discarded.
 - The scratch directory is removed when the host is closed.
 """
@@ -39,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from contract.state import MAX_STATE_BYTES
 from sandbox import barrier
 from sandbox.wire import WireError, encode_frame, read_frame
 
@@ -96,12 +103,31 @@ PROGRAM_RULES = ("contract", "exception", "smoke", "probe")  # the rules an erro
 
 BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this × its timeout
 
+_MIB = 1 << 20
+# The most a host's answer to each request may carry (JSON and blobs together); others: 1 MiB.
+FRAME_BYTES = {"units": 256 * _MIB, "index": MAX_STATE_BYTES + _MIB}
+SMALL_FRAME_BYTES = _MIB
+BACKEND_FRAME_BYTES = 64 * _MIB  # a backend request: texts to embed, a prompt
+
 _SIGNALS = {
     signal.SIGXCPU: "CPU time limit exceeded",
     signal.SIGXFSZ: "file size limit exceeded",
     signal.SIGKILL: "killed",
     signal.SIGSEGV: "segmentation fault",
 }
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(pid: int) -> float:
+    """User + system CPU seconds of one live process, 0.0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
 
 
 class Host:
@@ -134,6 +160,7 @@ class Host:
             close_fds=True,
         )
         self._stderr = bytearray()
+        self._last_frame_bytes = 0
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_thread.start()
         self.isolation: dict[str, Any] = {}
@@ -142,6 +169,9 @@ class Host:
             self.kill()
             raise HostFailure(f"host did not start: {header.get('error', header)}")
         self.isolation = dict(header.get("isolation") or {})
+        if barrier.strict() and not barrier.complete(self.isolation):
+            self.kill()
+            raise HostFailure(f"{barrier.describe(self.isolation)} (strict isolation)")
 
     # -- requests ----------------------------------------------------------------------
 
@@ -158,8 +188,15 @@ class Host:
         deadline = time.monotonic() + allowed
         extension = allowed * BACKEND_EXTENSION  # backend time the deadline may still absorb
         self._send(encode_frame({"op": op, **(payload or {})}, blobs), deadline)
+        answer_bytes = FRAME_BYTES.get(op, SMALL_FRAME_BYTES)
         while True:
-            header, got = self._receive(deadline)
+            header, got = self._receive(deadline, max(answer_bytes, BACKEND_FRAME_BYTES))
+            if header.get("kind") != "backend" and self._last_frame_bytes > answer_bytes:
+                self.kill()
+                raise HostFailure(
+                    f"host broke the protocol: a {self._last_frame_bytes}-byte answer to {op!r}"
+                    f" (at most {answer_bytes})"
+                )
             kind = header.get("kind")
             if kind == "result":
                 return header.get("result"), got
@@ -188,10 +225,14 @@ class Host:
             except (BrokenPipeError, OSError):
                 raise self._died() from None
 
-    def _receive(self, deadline: float) -> tuple[dict[str, Any], list[bytes]]:
+    def _receive(
+        self, deadline: float, max_bytes: int = SMALL_FRAME_BYTES
+    ) -> tuple[dict[str, Any], list[bytes]]:
         fd = self.proc.stdout.fileno() if self.proc.stdout else -1
+        self._last_frame_bytes = 0
 
         def recv(n: int) -> bytes:
+            self._last_frame_bytes += n
             buf = bytearray()
             while len(buf) < n:
                 self._ready(fd, select.POLLIN, deadline)
@@ -202,7 +243,7 @@ class Host:
             return bytes(buf)
 
         try:
-            return read_frame(recv)
+            return read_frame(recv, max_bytes)
         except WireError as exc:
             self.kill()
             raise HostFailure(f"host broke the protocol: {exc}") from None
@@ -235,6 +276,18 @@ class Host:
             reason = f"exited with status {code}"
         self.kill()
         return HostFailure(reason + (f": {tail}" if tail else ""))
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the host's processes have used so far, by the kernel's
+        accounting: the process started here and its children (the host proper, when a reaper
+        started it)."""
+        pids = [self.proc.pid]
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+        return sum(_cpu_of(pid) for pid in pids)
 
     # -- lifetime ------------------------------------------------------------------------
 

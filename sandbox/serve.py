@@ -12,7 +12,8 @@ schema, before it crosses back (:func:`_record_dict`).
 
 Backends given to ``Memory``: :class:`RemoteBackend` forwards ``embed``/``complete`` to the
 optimizer as ``backend`` frames (evaluation); :class:`sandbox.tiers.StubBackend` answers
-locally (tiers 3 and 4, no task-LLM call).
+locally (tier 3, no task-LLM call). The probe (tier 4) gets a :class:`RemoteBackend` too: the
+optimizer serves and counts its embeddings (:mod:`sandbox.probe`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from contract.records import build_record, json_schema, validate_record
 from contract.spec import OUT_CHAR_BUDGET
 from contract.state import dump_state, load_state
 from contract.types import BackendError, ContractError, Message, Segment
-from sandbox.tiers import TierError, probe_tier, smoke_tier
+from sandbox.tiers import TierError, probe_run, smoke_tier
 from sandbox.wire import encode_frame, read_frame, unpack_array
 
 
@@ -45,7 +46,7 @@ class RemoteBackend:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         items = list(texts)
-        if not all(isinstance(t, str) for t in items):
+        if not all(type(t) is str for t in items):
             raise TypeError("backend.embed takes a list of strings")
         header, blobs = self._server.ask({"method": "embed", "texts": items})
         return unpack_array(header.get("array"), blobs[0])
@@ -131,8 +132,10 @@ class Server:
     def op_smoke(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         return smoke_tier(self._program()), []
 
-    def op_probe(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        return probe_tier(self._program(), dict(req.get("params") or {})), []
+    def op_probe_run(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        backend = RemoteBackend(self, int(req["dim"]), 0)
+        probe_run(self._program(), backend, int(req["units"]), int(req["batches"]))
+        return None, []
 
     # -- evaluation steps --------------------------------------------------------------------
 
@@ -196,7 +199,7 @@ class Server:
             raise RuntimeError("no memory built")
         self.backend.calls = 0
         text = self.memory.retrieve(_handed(program.query, req["query"]))
-        if not isinstance(text, str):
+        if type(text) is not str:  # a subclass could lie about its length
             raise TypeError(f"Memory.retrieve must return str, got {type(text).__name__}")
         return {"text": text[:OUT_CHAR_BUDGET], "raw_chars": len(text)}, []
 

@@ -55,11 +55,18 @@ def reader(inp: IO[bytes]) -> Callable[[int], bytes]:
     return recv
 
 
-def read_frame(recv: Callable[[int], bytes]) -> tuple[dict[str, Any], list[bytes]]:
-    """One frame through ``recv(n)``, which returns exactly n bytes or raises."""
+def read_frame(
+    recv: Callable[[int], bytes], max_bytes: int | None = None
+) -> tuple[dict[str, Any], list[bytes]]:
+    """One frame through ``recv(n)``, which returns exactly n bytes or raises. ``max_bytes``
+    bounds the JSON and blobs together, checked from each length before its bytes are read."""
     n_json, n_blobs = _unpack(">II", recv(8))
     if n_json > MAX_JSON_BYTES or n_blobs > MAX_BLOBS:
         raise WireError(f"frame too large ({n_json} bytes of JSON, {n_blobs} blobs)")
+    left = MAX_JSON_BYTES + MAX_BLOBS * MAX_BLOB_BYTES if max_bytes is None else max_bytes
+    if n_json > left:
+        raise WireError(f"frame too large ({n_json} bytes of JSON; at most {left} expected)")
+    left -= n_json
     try:
         header = _loads(recv(n_json))
     except (ValueError, RecursionError) as exc:
@@ -69,8 +76,9 @@ def read_frame(recv: Callable[[int], bytes]) -> tuple[dict[str, Any], list[bytes
     blobs = []
     for _ in range(n_blobs):
         (size,) = _unpack(">Q", recv(8))
-        if size > MAX_BLOB_BYTES:
+        if size > min(MAX_BLOB_BYTES, left):
             raise WireError(f"blob too large ({size} bytes)")
+        left -= size
         blobs.append(recv(size))
     return header, blobs
 

@@ -1,8 +1,8 @@
-"""The complexity probe's growth verdict (tier 4, :mod:`sandbox.tiers`) on a busy machine.
+"""The complexity probe's growth verdict (tier 4, :mod:`sandbox.probe`) on a busy machine.
 
 A correct (linear) program must never be rejected because the machine was loaded, and a
 quadratic one must still be. Two checks: the verdict logic against scripted timings in which a
-run is slowed by :data:`sandbox.tiers.LOAD_TOLERANCE` at the worst moment for the verdict, and
+run is slowed by :data:`sandbox.probe.LOAD_TOLERANCE` at the worst moment for the verdict, and
 the whole check of real linear and quadratic programs while busy-loop processes compete for
 the CPUs.
 """
@@ -16,24 +16,24 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sandbox import tiers
+from sandbox import probe
 from sandbox.check import check_program
 
 Cost = Callable[[int], float]
 
 
 def scripted_runs(cost: Cost, slowed: Callable[[int], bool]) -> Callable[..., dict[str, float]]:
-    """A stand-in for ``tiers._probe_run``: ``cost(units)`` CPU seconds, times the load factor
+    """A stand-in for a measured probe run: ``cost(units)`` CPU seconds, times the load factor
     on the runs ``slowed(units)`` picks."""
 
-    def run(program: object, n_units: int, n_batches: int) -> dict[str, float]:
-        factor = tiers.LOAD_TOLERANCE if slowed(n_units) else 1.0
+    def run(n_units: int, n_batches: int) -> dict[str, float]:
+        factor = probe.LOAD_TOLERANCE if slowed(n_units) else 1.0
         return {"cpu_s": cost(n_units) * factor, "embed_calls": n_batches + 2, "texts": n_units}
 
     return run
 
 
-FULL = tiers.PROBE_UNITS
+FULL = probe.PROBE_UNITS
 
 
 def linear(n: int) -> float:  # 3 s at full size: well over the floor, under the budget
@@ -44,22 +44,19 @@ def quadratic(n: int) -> float:  # 4 s at full size
     return 4.0 * (n / FULL) ** 2
 
 
-def test_linear_program_passes_when_its_full_runs_are_slowed(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(tiers, "_probe_run", scripted_runs(linear, lambda n: n == FULL))
-    result = tiers.probe_tier(None, {})  # type: ignore[arg-type]
-    assert result["cpu_growth"] <= tiers.GROWTH_LIMIT
-    assert result["full"]["cpu_s"] > tiers.GROWTH_FLOOR_S  # the verdict was not skipped
+def test_linear_program_passes_when_its_full_runs_are_slowed():
+    result = probe.judge(scripted_runs(linear, lambda n: n == FULL))
+    assert result["cpu_growth"] <= probe.GROWTH_LIMIT
+    assert result["full"]["cpu_s"] > probe.GROWTH_FLOOR_S  # the verdict was not skipped
 
 
-def test_quadratic_program_is_rejected_when_its_small_runs_are_slowed(
-    monkeypatch: pytest.MonkeyPatch,
-):
-    monkeypatch.setattr(tiers, "_probe_run", scripted_runs(quadratic, lambda n: n < FULL))
-    with pytest.raises(tiers.TierError, match="super-linear work"):
-        tiers.probe_tier(None, {})  # type: ignore[arg-type]
+def test_quadratic_program_is_rejected_when_its_small_runs_are_slowed():
+    run = scripted_runs(quadratic, lambda n: n < FULL)
+    with pytest.raises(probe.ProbeFailure, match="super-linear work"):
+        probe.judge(run)
 
 
-def test_a_verdict_just_under_the_limit_is_measured_again(monkeypatch: pytest.MonkeyPatch):
+def test_a_verdict_just_under_the_limit_is_measured_again():
     """Quadratic work with a linear part (3.5 per doubling idle, as the hostile corpus's
     indexer) whose first small run is slowed measures 2.69: in doubt, so it is measured again,
     and its cheapest small run gives the verdict."""
@@ -70,10 +67,10 @@ def test_a_verdict_just_under_the_limit_is_measured_again(monkeypatch: pytest.Mo
         seen[n] += 1
         return n < FULL and seen[n] == 1
 
-    monkeypatch.setattr(tiers, "_probe_run", scripted_runs(cost, first_small_slowed))
-    with pytest.raises(tiers.TierError, match="super-linear work: .* by 3.5"):
-        tiers.probe_tier(None, {})  # type: ignore[arg-type]
-    assert seen[FULL // tiers.GROWTH_SIZES] >= 2
+    run = scripted_runs(cost, first_small_slowed)
+    with pytest.raises(probe.ProbeFailure, match="super-linear work: .* by 3.5"):
+        probe.judge(run)
+    assert seen[FULL // probe.GROWTH_SIZES] >= 2
 
 
 # Two programs doing the same work per comparison and about the same work at full size: LINEAR
@@ -133,9 +130,9 @@ def busy_machine() -> Iterator[None]:
 
 def test_growth_verdicts_hold_on_a_busy_machine(busy_machine: None):
     report = check_program(LINEAR, "linear.py")
-    probe = report.tiers[-1]
+    tier = report.tiers[-1]
     assert report.passed, report.repair_text()
-    assert probe.details["full"]["cpu_s"] > tiers.GROWTH_FLOOR_S  # the verdict was made
+    assert tier.details["full"]["cpu_s"] > probe.GROWTH_FLOOR_S  # the verdict was made
     report = check_program(QUADRATIC, "quadratic.py")
     assert not report.passed and report.failure is not None
     assert (report.failure.tier, report.failure.rule) == (4, "probe"), report.repair_text()

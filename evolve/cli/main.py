@@ -17,6 +17,7 @@ a command works around (:func:`evolve.models.damaged`) is one ``warning:`` line,
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 from rich.markup import escape
@@ -27,6 +28,9 @@ from evolve.cli.common import Parser, UsageError, check_settings, err, report_da
 from evolve.config import ConfigError
 from evolve.datasets.types import DataError
 from evolve.models.llm import LLMError
+from sandbox import barrier
+
+ISOLATED = ("check", "run", "eval", "compare")  # the commands that run candidate code
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "eval": eval_commands.cmd_eval,
@@ -48,7 +52,30 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_commands(sub)
     deliver.add_commands(sub)
     eval_commands.add_data(sub)
+    for name in ISOLATED:
+        sub.choices[name].add_argument(
+            "--isolation",
+            choices=("auto", "strict"),
+            default=os.environ.get(barrier.ISOLATION_ENV, "auto"),
+            help="strict: refuse to run candidate code without the whole OS barrier (namespaces, "
+            f"capped chroot, seccomp); also ${barrier.ISOLATION_ENV}",
+        )
     return parser
+
+
+def isolation_gate(args: argparse.Namespace) -> None:
+    """One line at the start when this machine's barrier is incomplete; under ``strict`` the
+    command stops there (and every host refuses to start without the barrier)."""
+    if args.command not in ISOLATED:
+        return
+    if args.isolation == "strict":
+        os.environ[barrier.ISOLATION_ENV] = "strict"
+    report = barrier.survey()
+    if barrier.complete(report):
+        return
+    if args.isolation == "strict":
+        raise UsageError(barrier.describe(report) + " (--isolation strict)")
+    err.print(f"[yellow]{escape(barrier.describe(report))}[/]", highlight=False, markup=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         check_settings()
+        isolation_gate(args)
         return COMMANDS[args.command](args)
     except (UsageError, DataError, ConfigError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
