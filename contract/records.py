@@ -98,11 +98,30 @@ def _field_kind(annotation: Any, namespace: dict[str, Any]) -> _Term:
     return (None, False) if kind == "none" else (kind, optional)
 
 
+def _classify(tp: Any) -> _Term:
+    """The kind of an annotation that is already an object, by identity and typing's origin."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            kind, _ = _classify(args[0])
+            return kind, True
+        return None, False
+    scalar = next((k for t, k in SCALAR_TYPES.items() if tp is t), None)
+    if scalar is not None:
+        return scalar, False
+    if origin is list and typing.get_args(tp) == (str,):
+        return "string_list", False
+    return None, False
+
+
 def _lookup(node: ast.expr, namespace: dict[str, Any]) -> Any:
     """What a bare or ``typing.``-qualified name in an annotation denotes; ``_MISSING`` if none."""
     if isinstance(node, ast.Name):
-        value = namespace[node.id] if node.id in namespace else _BUILTIN_TYPES.get(node.id, _MISSING)
-        return list if value is typing.List else value
+        value = (
+            namespace[node.id] if node.id in namespace else _BUILTIN_TYPES.get(node.id, _MISSING)
+        )
+        return list if value is list else value
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         if namespace.get(node.value.id) is typing:
             return _TYPING_NAMES.get(node.attr, _MISSING)

@@ -31,6 +31,7 @@ import io
 import pickle
 import sys
 import types
+from pickle import whichmodule  # type: ignore[attr-defined]
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ class StateError(ContractError, pickle.UnpicklingError):
 
 
 def _pairs(objects: list[Any]) -> set[tuple[str, str]]:
-    return {(pickle.whichmodule(o, o.__name__), o.__name__) for o in objects}
+    return {(whichmodule(o, o.__name__), o.__name__) for o in objects}
 
 
 _SAFE_BUILTINS = (
@@ -65,7 +66,9 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         (f"numpy.{core}.{module}", name)  # numpy 2 spells the core package _core, numpy 1 core
         for core in ("core", "_core")
         for module, name in (
-            ("multiarray", "_reconstruct"), ("multiarray", "scalar"), ("numeric", "_frombuffer")
+            ("multiarray", "_reconstruct"),
+            ("multiarray", "scalar"),
+            ("numeric", "_frombuffer"),
         )
     }  # fmt: skip
     | {("numpy.random._pickle", n) for n in ("__generator_ctor", "__bit_generator_ctor")}
@@ -126,7 +129,7 @@ class _StatePickler(pickle.Pickler):
                 )
             return ("program", name)
         name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "")
-        pair = (pickle.whichmodule(obj, name), name)
+        pair = (whichmodule(obj, name), name)
         if pair not in ALLOWED_GLOBALS:
             raise pickle.PicklingError(f"cannot store {pair[0]}.{pair[1]}: not allowed in state")
         return None
@@ -154,7 +157,9 @@ class _StateUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"it refers to {module[:80]}.{name[:80]}, which is not allowed")
+        raise pickle.UnpicklingError(
+            f"it refers to {module[:80]}.{name[:80]}, which is not allowed"
+        )
 
 
 def dump_state(obj: Any, program_module: str, backend: Any) -> bytes:

@@ -88,10 +88,9 @@ def _annotation_ids(tree: ast.Module) -> set[int]:
 
 
 def _one_arg_type(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Call) and _name(node.func) == "type" and isinstance(node.func, ast.Name)
-        and len(node.args) == 1 and not node.keywords
-    )  # fmt: skip
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return False
+    return node.func.id == "type" and len(node.args) == 1 and not node.keywords
 
 
 class _Parents:
@@ -144,12 +143,20 @@ def object_model_issues(tree: ast.Module) -> list[Issue]:
                 problem = f"'{shown}' takes a method from its class, not an instance"
                 issues.append(("unbound-method", node.lineno, problem, _UNBOUND_FIX))
         elif (
-            (isinstance(node, ast.Name) and node.id in classes and isinstance(node.ctx, ast.Load))
-            or _one_arg_type(node)
-        ) and id(node) not in annotations and not parents.admits_class(node):
+            (
+                (
+                    isinstance(node, ast.Name)
+                    and node.id in classes
+                    and isinstance(node.ctx, ast.Load)
+                )
+                or _one_arg_type(node)
+            )
+            and id(node) not in annotations
+            and not parents.admits_class(node)
+        ):
             shown = ast.unparse(node)[:40]
             problem = f"the class '{shown}' is used as a value"
-            issues.append(("class-value", node.lineno, problem, _VALUE_FIX))
+            issues.append(("class-value", getattr(node, "lineno", 0), problem, _VALUE_FIX))
         elif isinstance(node, ast.Call):
             issues += _call_issues(node)
     return issues
@@ -161,7 +168,9 @@ def _call_issues(node: ast.Call) -> list[Issue]:
         problem = "'wraps' with assigned/updated copies attributes by name"
         fix = "use @functools.wraps(function) with the function alone"
         return [("attribute-by-name", node.lineno, problem, fix)]
-    if callee in ENUM_TYPES and (len(node.args) > 1 or any(k.arg == "names" for k in node.keywords)):
+    if callee in ENUM_TYPES and (
+        len(node.args) > 1 or any(k.arg == "names" for k in node.keywords)
+    ):
         problem = f"'{callee}(name, members)' creates a class at run time"
         return [("dynamic-type", node.lineno, problem, "define enums with a class statement")]
     return []

@@ -257,8 +257,8 @@ def _method_self_references(tree: ast.Module) -> set[int]:
 
     Only functions defined directly in a class body, undecorated or decorated only with
     :data:`_SELF_DECORATORS` or a property accessor, are methods; a plain function or a
-    ``@staticmethod`` whose parameter happens to be called ``self`` gets no private access. Nested functions and
-    lambdas that take a parameter of the same name shadow it.
+    ``@staticmethod`` whose parameter happens to be called ``self`` gets no private access.
+    Nested functions and lambdas that take a parameter of the same name shadow it.
     """
     out: set[int] = set()
     functions = ast.FunctionDef | ast.AsyncFunctionDef

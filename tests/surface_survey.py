@@ -48,7 +48,9 @@ PATH_PARAMETERS = frozenset(
     "file fname filename filepath path pathname fid dirname destpath save_dir directory "
     "root_dir local_dir filenames files paths".split()
 )
-OPENER_MODULES = frozenset("io os gzip bz2 lzma zipfile tarfile _datasource codecs builtins".split())
+OPENER_MODULES = frozenset(
+    "io os gzip bz2 lzma zipfile tarfile _datasource codecs builtins".split()
+)
 PROCESS_CALLS = frozenset(
     "system popen execv execve execvp execl spawnv spawnve posix_spawn fork run call check_call "
     "check_output Popen".split()
@@ -84,7 +86,7 @@ def _reasons(fn: Any, package: str, depth: int, seen: set[int]) -> set[str]:
         init = vars(fn).get("__init__")
         targets = [init] if isinstance(init, types.FunctionType) else []
     else:  # and for a callable object, such as numpy.test (a PytestTester), its __call__
-        call = getattr(type(fn), "__call__", None)
+        call = inspect.getattr_static(type(fn), "__call__", None)
         plain = isinstance(fn, types.FunctionType | types.MethodType | types.BuiltinFunctionType)
         targets = [fn] if plain or not isinstance(call, types.FunctionType) else [fn, call]
     for target in targets:

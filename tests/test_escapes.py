@@ -30,7 +30,7 @@ from contract.types import ContractError
 from sandbox import static
 from sandbox.static import REVIEWED_MEMBERS, Finding, check_source
 
-BASE = '''from dataclasses import dataclass
+BASE = """from dataclasses import dataclass
 
 EXTRACTION_INSTRUCTION = "Extract facts."
 PLANNING_INSTRUCTION = "Plan a query."
@@ -57,7 +57,7 @@ class Memory:
 
     def retrieve(self, query):
         return "\\n".join(u.content for u in self.units)[:16000]
-'''
+"""
 
 
 def program(head: str = "", tail: str = "", unit: str = "") -> str:
@@ -109,7 +109,10 @@ def test_computed_annotations_are_refused(annotation: str) -> None:
 )  # fmt: skip
 def test_plain_annotations_pass(annotation: str) -> None:
     head = "import typing\nfrom typing import Callable, Literal, Optional\n\n"
-    assert findings(program(head=head, unit=f"    extra: {annotation} = None\n"), "annotation-shape") == []
+    assert (
+        findings(program(head=head, unit=f"    extra: {annotation} = None\n"), "annotation-shape")
+        == []
+    )
 
 
 def test_field_types_are_resolved_without_evaluating_the_annotation() -> None:
@@ -178,8 +181,8 @@ def test_hook_methods_are_refused(method: str) -> None:
 
 
 def test_usual_dunder_methods_pass() -> None:
-    methods = ("__init__", "__repr__", "__eq__", "__hash__", "__lt__", "__len__", "__iter__",
-               "__getitem__", "__contains__", "__bool__", "__call__", "__enter__", "__exit__")  # fmt: skip
+    methods = "init repr eq hash lt len iter getitem contains bool call enter exit".split()
+    methods = [f"__{m}__" for m in methods]
     body = "".join(f"    def {m}(self, *args):\n        return 0\n\n" for m in methods)
     assert check_source(program(tail=f"\n\nclass Box:\n{body}")) == []
 
@@ -245,7 +248,9 @@ def test_class_method_called_with_a_foreign_self_is_refused() -> None:
     ],
 )  # fmt: skip
 def test_routes_to_a_class_method_are_refused(snippet: str, rule: str) -> None:
-    tail = PEEK.replace("\n\ndef opener():\n    return Peek.openers(Peek.datasource(lib))[None]\n", "")
+    tail = PEEK.replace(
+        "\n\ndef opener():\n    return Peek.openers(Peek.datasource(lib))[None]\n", ""
+    )
     assert findings(program(tail=tail + "\n\n" + snippet), rule), snippet
 
 
@@ -328,8 +333,9 @@ def test_hostile_program_path_in_a_stored_state_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    [("collections", "_sys"), ("collections", "OrderedDict.__init__"), ("copyreg", "_reconstructor"),
-     ("_codecs", "encode"), ("numpy", "load"), ("builtins", "getattr"), ("datetime", "sys")],
+    [("collections", "_sys"), ("collections", "OrderedDict.__init__"),
+     ("copyreg", "_reconstructor"), ("_codecs", "encode"), ("numpy", "load"),
+     ("builtins", "getattr"), ("datetime", "sys")],
 )  # fmt: skip
 def test_hostile_globals_in_a_stored_state_are_refused(module: str, name: str) -> None:
     with pytest.raises(StateError, match="not allowed"):
@@ -381,7 +387,9 @@ def test_program_state_naming_a_method_or_import_is_refused_at_dump() -> None:
         dump_state(memory, name, None)
     memory.fn = loaded.get("score")
     memory.nodes = [loaded.get("Node")(1)]
-    restored = load_state(loaded.get("Memory"), dump_state(memory, name, None), vars(loaded.module), None)
+    restored = load_state(
+        loaded.get("Memory"), dump_state(memory, name, None), vars(loaded.module), None
+    )
     assert restored.fn is loaded.get("score") and type(restored.nodes[0]) is loaded.get("Node")
 
 
