@@ -12,7 +12,8 @@ Invariants:
 
 Rejected, and why:
 - Imports outside :data:`ALLOWED_IMPORTS` (numerics, text); relative, star and private imports;
-  corners of allowed packages that do I/O or run code (:data:`FORBIDDEN_MODULES`).
+  corners of allowed packages that do I/O or run code (:data:`FORBIDDEN_MODULES`, and any
+  submodule with a part named like a forbidden attribute).
 - :data:`FORBIDDEN_NAMES` (builtins that run code, do I/O or open scopes) and dunder names but
   ``__name__``, ``__slots__``, ``__all__``.
 - Attribute escape hatches: dunders but ``__init__``/``__post_init__`` (for ``super()``) and
@@ -25,9 +26,22 @@ Rejected, and why:
 - Strings naming dunders (getattr/format tricks; docstrings are exempt, reachable only through
   the forbidden ``__doc__``); ``.format`` on a non-literal template, or with fields that look
   up ``.attr`` or ``[key]``. Builtin ``format(value, spec)`` does no lookups, so it is allowed.
-- Annotations as ``typing.get_type_hints`` (called by the executor on ``MemoryUnit`` and
-  ``Query``) evaluates them: strings in them are checked as code, and names assigned a value
-  anywhere (``X = "code"; field: X``) may not appear in them.
+- Annotations that are not plain types (:mod:`sandbox.annotations`, rule ``annotation-shape``):
+  only names, dotted names, subscripts, ``None`` and ``|``, strings parsed by the same rule
+  (nothing evaluates them: :mod:`contract.records` resolves field types without ``eval``);
+  strings in them are also checked as code, and names assigned a value anywhere
+  (``X = "code"; field: X``) may not appear in them.
+- The object-model routes of :mod:`sandbox.objects`: dunder methods outside an allow-list,
+  methods taken from a class rather than an instance (``Cls.method(obj)`` smuggles ``obj`` in
+  as ``self``), classes used as values, ``functools.wraps`` with name lists, functional
+  ``Enum``. A ``@staticmethod``'s first parameter gets no private access, whatever its name.
+- Library entry points that open paths, run test runners, import modules or get attributes by
+  a name given as data, as a fresh survey of the allowed modules finds them
+  (``tests/surface_survey.py``; ``tests/test_escapes.py`` checks each is refused here or listed
+  in :data:`REVIEWED_MEMBERS` with the reason it is harmless): by attribute name
+  (:data:`FORBIDDEN_ATTRIBUTES`: ``test``, ``update_wrapper``, ``add_newdoc``, ``tqdm``, ...;
+  ``info`` only on a method's own ``self``, :data:`SELF_ONLY_ATTRIBUTES`), and submodules with
+  such a name part (``numpy.testing``, ``numpy.conftest``, ``json.tool``).
 - Classes made at run time (3-argument ``type``, ``make_dataclass``, functional ``NamedTuple``
   or ``TypedDict``) and computed bases or metaclasses.
 - Names, attributes or strings naming the evaluation side (``evolve``, ``sandbox``, scorers,
@@ -51,6 +65,7 @@ from string import Formatter
 
 from contract.parsing import parse
 from contract.spec import DATACLASSES, INSTRUCTIONS, MEMORY, REQUIRED_NAMES
+from sandbox.annotations import annotation_shape, shown
 from sandbox.objects import object_model_issues
 from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 
@@ -283,53 +298,6 @@ def _method_self_references(tree: ast.Module) -> set[int]:
     return out
 
 
-def _shown(node: ast.AST) -> str:
-    text = ast.unparse(node) if isinstance(node, ast.expr) else type(node).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _annotation_shape(annotation: ast.expr, depth: int = 0) -> ast.expr | None:
-    """The first part of an annotation that is not a plain type, or None if it is one.
-
-    Plain: names, dotted names, ``None``, ``...``, subscripts of a (dotted) name by plain types
-    or tuples and lists of them, ``|`` of plain types, and strings (forward references) whose
-    parsed text is plain. ``Literal[...]`` may hold constants. Iterative over the top level;
-    strings nest at most 3 deep."""
-    todo = [annotation]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Name) or (
-            isinstance(node, ast.Constant) and (node.value is None or node.value is Ellipsis)
-        ):
-            continue
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            todo.append(node.value)
-            if not isinstance(node.value, ast.Name | ast.Attribute):
-                return node
-        elif isinstance(node, ast.Subscript):
-            if not isinstance(node.value, ast.Name | ast.Attribute):
-                return node
-            todo.append(node.value)
-            args = node.slice.elts if isinstance(node.slice, ast.Tuple | ast.List) else [node.slice]
-            literal = getattr(node.value, "id", getattr(node.value, "attr", "")) == "Literal"
-            for arg in args:
-                if literal and isinstance(arg, ast.Constant):
-                    continue
-                todo.extend(arg.elts if isinstance(arg, ast.List) else [arg])
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-            todo += [node.left, node.right]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and depth < 3:
-            try:
-                inner = parse(node.value.strip(), mode="eval").body
-            except _PARSE_ERRORS:
-                return node
-            if _annotation_shape(inner, depth + 1) is not None:
-                return node
-        else:
-            return node
-    return None
-
-
 def _forbidden_module(path: str) -> bool:
     """Private parts, parts named like forbidden attributes (``testing``, ``tests``,
     ``conftest``, ``tool``, ``f2py``, ...), and :data:`FORBIDDEN_MODULES`."""
@@ -502,8 +470,8 @@ class _Checker:
     def _annotation(self, annotation: ast.expr | None) -> None:
         """Check an annotation's shape (:func:`_annotation_shape`), then, as code, strings in it
         and names that could hold a string (``X = "code"; field: X``)."""
-        if annotation is not None and (bad := _annotation_shape(annotation)) is not None:
-            problem = f"annotation {_shown(bad)} is not a plain type"
+        if annotation is not None and (bad := annotation_shape(annotation)) is not None:
+            problem = f"annotation {shown(bad)} is not a plain type"
             fix = "annotate with names, dotted names, subscripts such as list[str], None and |"
             self._add("annotation-shape", bad, problem, fix)
         for node in ast.walk(annotation) if annotation is not None else ():

@@ -124,6 +124,14 @@ def test_field_types_are_resolved_without_evaluating_the_annotation() -> None:
     assert evaluated == []  # typing.get_type_hints appended here, and answered str
 
 
+def test_evaluated_annotations_are_classified_by_identity() -> None:
+    unit = make_dataclass("U", [("a", str), ("b", list[str] | None), ("c", float), ("d", dict)])
+    with pytest.raises(ContractError, match="U.d: unsupported type"):
+        field_specs(unit, {})
+    specs = field_specs(make_dataclass("U", [("a", str), ("b", list[str] | None)]), {})
+    assert [(s.kind, s.optional) for s in specs] == [("string", False), ("string_list", True)]
+
+
 def test_the_resolver_reads_names_by_exact_text_only() -> None:
     namespace = {"__name__": "prog", "Text": "str", "Alias": str}
     unit = make_dataclass("U", [("a", "Text"), ("b", "Alias | None")])
