@@ -19,8 +19,9 @@ is read later by a clean program's restore. So:
   types, ufuncs, random generators, masked arrays and the reconstructors their pickles use,
   scipy.sparse matrix classes and ``bm25s.BM25``.
   No module is open as a whole and no dotted name is looked up.
-- :func:`dump_state` refuses (``pickle.PicklingError``) what :func:`load_state` would refuse, so
-  a state that is stored can be restored.
+- :func:`dump_state` refuses (``pickle.PicklingError``) a program object without a plain name
+  and any other global outside :data:`ALLOWED_GLOBALS`, which :func:`load_state` would refuse
+  whatever the program: such a memory is rebuilt each time rather than stored.
 - :func:`load_state` reads at most :data:`MAX_STATE_BYTES`, wants a dict with string keys, and
   turns every failure into one :class:`StateError` line (never a traceback of internals).
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import sys
 import types
 from pickle import whichmodule  # type: ignore[attr-defined]
 from typing import Any
@@ -111,7 +111,6 @@ def _by_reference(obj: Any) -> bool:
 class _StatePickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, program_module: str, backend: Any) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._namespace = vars(sys.modules[program_module]) if program_module in sys.modules else {}
         self._program_module = program_module
         self._backend = backend
 
@@ -122,7 +121,7 @@ class _StatePickler(pickle.Pickler):
             return None
         if getattr(obj, "__module__", None) == self._program_module:
             name = getattr(obj, "__qualname__", "")
-            if _program_object(self._namespace, name) is not obj:
+            if not plain_program_name(name):  # load_state checks the program defines it
                 raise pickle.PicklingError(
                     f"cannot store {name}: only classes and functions defined at the program's "
                     "top level (plain names) can be stored"
