@@ -23,8 +23,10 @@ Rejected, and why:
   gets any object as ``self`` (a module, a library object) and reads its private attributes.
   ``super().method(...)`` binds ``self`` and stays allowed.
 - ``class-value``: a class the program defines, or ``type(x)``, used as a value other than
-  by calling it, reading an attribute of it, comparing it, ``isinstance``/``issubclass``,
-  ``except``/``raise``/``case``, a base class, ``default_factory=`` or ``defaultdict(...)``:
+  by calling it, reading an attribute or item of it, iterating it (an ``Enum``), comparing
+  it, ``isinstance``/``issubclass``, ``except``/``raise``/``case``, a base class,
+  ``default_factory=`` or as the first argument of a call that never returns it
+  (``super``, ``fields``, ``defaultdict``, ``list``, ``sorted``, ``len``, ...):
   an alias (``C = Peek``) would carry the class past the ``unbound-method`` rule.
 - ``attribute-by-name``: ``functools.wraps`` given more than the wrapped function (its
   ``assigned``/``updated`` name attributes to copy); ``update_wrapper`` itself is a forbidden
@@ -60,6 +62,11 @@ _UNBOUND_FIX = (
 _VALUE_FIX = "call the class or use its attributes directly; do not store or pass it"
 _FUNCTIONS = ast.FunctionDef | ast.AsyncFunctionDef
 _TYPE_CHECKS = frozenset({"isinstance", "issubclass"})
+# Calls given a class as first argument that never hand the class itself back.
+_CLASS_CONSUMERS = frozenset(
+    "defaultdict super fields is_dataclass list tuple set frozenset sorted len iter "
+    "reversed".split()
+)
 
 
 def _name(node: ast.AST) -> str:
@@ -110,8 +117,12 @@ class _Parents:
             return (
                 parent.func is node
                 or (callee in _TYPE_CHECKS and node in parent.args[1:])
-                or (callee == "defaultdict" and parent.args[:1] == [node])
+                or (callee in _CLASS_CONSUMERS and parent.args[:1] == [node])
             )
+        if isinstance(parent, ast.For | ast.comprehension):  # iterating an Enum
+            return parent.iter is node
+        if isinstance(parent, ast.Subscript):  # an Enum member by name
+            return parent.value is node
         if isinstance(parent, ast.keyword):
             grand = self.of.get(id(parent))
             return parent.arg == "default_factory" or isinstance(grand, ast.ClassDef)

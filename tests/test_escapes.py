@@ -295,8 +295,22 @@ def build(items):
     if isinstance(items, (Base, Child)) or type(items) is Base:
         return Child(len(items))
     return Base.make(0)
+
+
+class Kind(enum.Enum):
+    A = 1
+
+
+class Late(Base):
+    def __init__(self, n):
+        super(Late, self).__init__(n)
+
+
+def kinds():
+    names = [f.name for f in dataclasses.fields(MemoryUnit)]
+    return [k.name for k in Kind] + [Kind["A"].name] + names + list(Kind)
 """
-    assert check_source(program(tail=tail)) == []
+    assert check_source(program(head="import dataclasses\nimport enum\n\n", tail=tail)) == []
 
 
 # -- 4. the memory-state codec ----------------------------------------------------------------
