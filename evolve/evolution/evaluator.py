@@ -1,11 +1,11 @@
 """Evaluating candidates of a run: sandbox, score on the splits, file (docs/design.md §4).
 
 Owns :class:`Evaluator`. The children of a round are handed over together and evaluated
-together: one thread per child calls :func:`evolve.executor.evaluate` on the run's one backend,
-so the conversation jobs of all of them are queued on the loky pool (or Ray) at once, never one
-program after another. Results are filed by the calling thread as each child finishes; only it
-writes the store. With ``RunConfig.cascade`` (never for the seed) each child is screened on the
-round's minibatch first (the rules are :mod:`evolve.evolution.cascade`'s):
+together: one thread per child and split calls :func:`evolve.executor.evaluate` on the run's
+one backend, so the conversation jobs of all of them are queued on the loky pool (or Ray) at
+once, never one program or split after another. Results are filed by the calling thread as each
+child finishes; only it writes the store. With ``RunConfig.cascade`` (never for the seed) each
+child is screened on the round's minibatch first (the rules are :mod:`evolve.evolution.cascade`'s):
 
 - a child the paired test finds worse than its parent is filed ``stopped`` with its minibatch
   scores (``scores["minibatch"]``), the reason (in its message and ``cascade``) and its seconds,
@@ -212,17 +212,25 @@ class Evaluator:
     def _evaluate(
         self, job: _Job, splits: Phase, backend: JobBackend, slot: int
     ) -> dict[str, EvalReport]:
-        results = {}
-        for name, tasks in splits:
+        """One job's splits, all at once (their conversation jobs share the backend's queue, so
+        a long conversation, such as a guard's, is encoded beside the others, not after them);
+        each split's progress has a display row of its own."""
+
+        def one(i: int, name: str, tasks: TaskSet) -> EvalReport:
             # stage diagnostics steer cold start: computed for the seed and its revisions
             diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
             worker = dataclasses.replace(self.worker, diagnose=diagnose)
-            label = f"{job.candidate.id} {name}"
-            on_progress = self.progress and self.progress(slot, label, len(tasks.questions))
-            results[name] = evaluate(job.program, tasks, worker, judge=self.judge,
-                                     backend=backend, on_progress=on_progress,
-                                     judge_variant=self.config.judge_variant)  # fmt: skip
-        return results
+            label = f"{job.candidate.id} {name.removeprefix('guard:')}"
+            row = slot * len(splits) + i
+            on_progress = self.progress and self.progress(row, label, len(tasks.questions))
+            return evaluate(job.program, tasks, worker, judge=self.judge, backend=backend,
+                            on_progress=on_progress,
+                            judge_variant=self.config.judge_variant)  # fmt: skip
+
+        with ThreadPoolExecutor(len(splits), thread_name_prefix="split") as pool:
+            futures = {name: pool.submit(one, i, name, tasks)
+                       for i, (name, tasks) in enumerate(splits)}  # fmt: skip
+            return {name: future.result() for name, future in futures.items()}
 
     def _file(self, job: _Job, results: dict[str, EvalReport]) -> None:
         meta = self.store.get(job.candidate.id)
