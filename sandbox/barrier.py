@@ -101,6 +101,9 @@ def enter() -> dict[str, Any]:
         got["namespaces"] = "mount, network, PID" if root else "user, mount, network, PID"
     else:
         reason = os.strerror(ctypes.get_errno())
+        threads = len(os.listdir("/proc/self/task"))
+        if threads > 1:
+            reason += f": the process already runs {threads} threads"
         # The network alone may still be possible (root in a container without CLONE_NEWPID).
         got["network"] = "namespace" if libc.unshare(CLONE_NEWNET) == 0 else "not isolated"
         got["missing"] = f"namespaces refused by the kernel ({reason})"

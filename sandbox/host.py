@@ -32,10 +32,7 @@ import resource
 import sys
 from typing import Any
 
-from sandbox import barrier
-from sandbox.serve import Server
-from sandbox.static import ALLOWED_IMPORTS, import_allowed
-from sandbox.wire import encode_frame, reader
+from sandbox import barrier  # only this before barrier.enter(): see confine_process
 
 _DENIED_BUILTINS = {
     "open", "exec", "eval", "compile", "globals", "locals", "vars", "breakpoint", "input",
@@ -77,6 +74,10 @@ def warm_up() -> None:
     import numpy as np
     import Stemmer
 
+    from sandbox.static import ALLOWED_IMPORTS
+
+    for module in ("sandbox.serve", "sandbox.wire", "sandbox.static"):  # the host's own code
+        importlib.import_module(module)
     for name in sorted(ALLOWED_IMPORTS - {"__future__"}):
         importlib.import_module(name)
     stemmer = Stemmer.Stemmer("english")
@@ -127,6 +128,8 @@ def disarm() -> None:
 
 
 def restricted_builtins() -> dict[str, Any]:
+    from sandbox.static import import_allowed
+
     real_import = builtins.__import__
 
     def guarded_import(name: str, globals: Any = None, locals: Any = None,
@@ -153,7 +156,11 @@ def restricted_builtins() -> dict[str, Any]:
 
 def confine_process(limits: dict[str, Any]) -> dict[str, Any]:
     """Every OS-level step, in order; returns what was obtained (the ``isolation`` report).
-    Python-level restrictions (:func:`restricted_builtins`, :func:`disarm`) come after."""
+    Python-level restrictions (:func:`restricted_builtins`, :func:`disarm`) come after.
+
+    Nothing but :mod:`sandbox.barrier` may be imported before it: the kernel refuses a new
+    user namespace to a process that already runs threads, and numerical libraries start
+    thread pools when imported."""
     isolation = barrier.enter()  # forks: from here on this is the host, PID 1 of its namespace
     confine(limits)
     warm_up()  # while the interpreter's files are still readable
@@ -168,6 +175,9 @@ def main() -> None:
     limits = json.loads(sys.argv[1])
     out = sys.stdout.buffer
     isolation = confine_process(limits)
+    from sandbox.serve import Server
+    from sandbox.wire import encode_frame, reader
+
     builtins_ = restricted_builtins()
     disarm()
     sys.stdout = sys.stderr  # a program's prints must not corrupt the frames
