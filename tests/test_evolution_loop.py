@@ -111,7 +111,7 @@ def test_run_ablations_no_integration_and_random_cases(
             "--children", "1", "--no-cascade", "--offline-search", "random",
             "--cases", "random", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
-            "--no-progress"]  # fmt: skip
+            "--no-progress", "--guard", "none"]  # fmt: skip
     assert main(argv) == 0
     (run,) = RunStore.list_runs(tmp_path)
     store = RunStore.open(tmp_path, run["id"])
@@ -162,7 +162,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
     argv = [sys.executable, "-m", "evolve", "run", "--data-dir", str(data_dir),
             "--rounds", "1,2,1", "--conversations", "1", "--jobs", "1", "--embedder", "hashing",
             "--runs-dir", str(tmp_path), "--cache-dir", str(shared_cache(uninterrupted)),
-            "--no-progress"]  # fmt: skip
+            "--no-progress", "--guard", "none"]  # fmt: skip
     proc = _start(argv)
     run_dir = _wait_for_run(tmp_path)
     for point in KILL_POINTS:
