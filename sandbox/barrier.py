@@ -141,8 +141,14 @@ def _reap(child: int) -> None:
 
 def confine_files(report: dict[str, Any], scratch_mb: int, scratch_files: int) -> None:
     """Chroot into a fresh, capped tmpfs on the working directory; then drop root or every
-    capability. Needs :func:`enter`'s mount namespace; without it, nothing happens here."""
+    capability. Without :func:`enter`'s mount namespace only root can do anything here: it
+    chroots into the working directory itself (no size cap) and becomes a throwaway uid."""
     if "namespaces" not in report:
+        if os.geteuid() == 0:
+            os.chroot(".")
+            os.chdir("/")
+            report["filesystem"] = "chroot to the scratch directory (size not capped)"
+            _become_throwaway(report, THROWAWAY_UID_BASE + os.getpid())
         return
     libc = _libc()
     here = os.getcwd().encode()
@@ -160,14 +166,19 @@ def confine_files(report: dict[str, Any], scratch_mb: int, scratch_files: int) -
     os.chdir("/")
     report["filesystem"] = f"chroot to a {scratch_mb} MiB tmpfs of at most {scratch_files} files"
     if root:
-        throwaway = THROWAWAY_UID_BASE + report["reaper"]
-        os.setgroups([])
-        os.setresgid(throwaway, throwaway, throwaway)
-        os.setresuid(throwaway, throwaway, throwaway)
-        report["user"] = f"throwaway uid {throwaway}, no groups"
+        _become_throwaway(report, THROWAWAY_UID_BASE + report["reaper"])
     else:
         _drop_capabilities()
         report["user"] = "own uid, no capabilities"
+
+
+def _become_throwaway(report: dict[str, Any], uid: int) -> None:
+    """As root: become ``uid`` (a live process's PID above the base: unique while it lives)
+    with no groups; every capability goes with root."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    report["user"] = f"throwaway uid {uid}, no groups"
 
 
 class _CapHeader(ctypes.Structure):
@@ -276,16 +287,25 @@ def describe(report: dict[str, Any]) -> str:
             f"sandbox: OS barrier for {who} (namespaces {report['namespaces']}; "
             f"{report['filesystem']}; seccomp; {report.get('landlock', 'no Landlock')})"
         )
-    missing = [key for key in FULL if key not in report or str(report[key]).startswith("unavail")]
+
+    def obtained(key: str) -> bool:
+        return key in report and not str(report[key]).startswith("unavailable")
+
+    missing = [key for key in FULL if not obtained(key)]
     why = report.get("missing") or "; ".join(
         f"{key}: {report.get(key, 'not obtained')}" for key in missing
     )
+    held = [name for key, name in _HELD_BY if obtained(key)]
+    held += ["the static checker", "resource limits", "Python-level blocks"]
     return (
-        f"sandbox: WEAKER ISOLATION on this machine — no {', '.join(missing)} ({why}); "
-        "candidate code runs with the static checker, resource limits"
-        + (", Landlock" if "ABI" in str(report.get("landlock", "")) else "")
-        + " and Python-level blocks only; --isolation strict refuses to run so"
+        f"sandbox: WEAKER ISOLATION on this machine: no {', '.join(missing)} ({why}); "
+        f"candidate code is held only by {', '.join(held)}; --isolation strict refuses to run "
+        "without the whole barrier"
     )
+
+
+_HELD_BY = (("filesystem", "a chroot"), ("processes", "RLIMIT_NPROC"),
+            ("landlock", "Landlock"), ("seccomp", "seccomp"))  # fmt: skip
 
 
 _SURVEY: dict[str, Any] | None = None

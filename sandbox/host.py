@@ -7,8 +7,8 @@ limits (:func:`confine`); the libraries programs may use imported while the inte
 are still readable (:func:`warm_up`); a chroot into a capped tmpfs on its scratch directory,
 then a throwaway uid (root) or no capabilities (everyone else); no new processes or threads,
 Landlock and a seccomp filter. Where the kernel refuses a step the host reports what it got
-instead (the ``ready`` frame's ``isolation``), and as root without namespaces it still chroots
-and becomes a throwaway uid. It also disarms process, network and file functions reachable
+instead (the ``ready`` frame's ``isolation``); as root without namespaces it still chroots and
+becomes a throwaway uid. It also disarms process, network and file functions reachable
 through the allowed libraries, and serves requests over stdin/stdout frames. Candidate modules
 get restricted builtins (:func:`restricted_builtins`): no ``open``/``exec``/``eval``/
 ``compile``, and an ``__import__`` that admits only the allow-listed modules of
@@ -48,22 +48,6 @@ def confine(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb,) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def drop_privileges_without_namespaces(report: dict[str, Any]) -> None:
-    """As root where the kernel refused namespaces: chroot to the scratch directory (no size
-    cap), then become a throwaway uid (100000 + this PID: no two live hosts share one) with no
-    groups. Called after every module the host needs is imported."""
-    if "namespaces" in report or os.geteuid() != 0:
-        return
-    os.chroot(os.getcwd())
-    os.chdir("/")
-    uid = barrier.THROWAWAY_UID_BASE + os.getpid()
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    report.update(user=f"throwaway uid {uid}, no groups",
-                  filesystem="chroot to the scratch directory (size not capped)")  # fmt: skip
 
 
 def warm_up() -> None:
@@ -165,7 +149,6 @@ def confine_process(limits: dict[str, Any]) -> dict[str, Any]:
     confine(limits)
     warm_up()  # while the interpreter's files are still readable
     barrier.confine_files(isolation, limits["scratch_mb"], limits["scratch_files"])
-    drop_privileges_without_namespaces(isolation)
     barrier.lock(isolation)
     isolation.pop("reaper", None)
     return isolation

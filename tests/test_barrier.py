@@ -213,3 +213,34 @@ def test_the_cli_line_names_what_is_missing() -> None:
     assert line.startswith("sandbox: WEAKER ISOLATION") and "EPERM" in line
     assert "namespaces" in line and "seccomp" in line
     assert barrier.describe(barrier.survey()).startswith("sandbox:")
+
+
+REFUSE_NAMESPACES = """
+import errno, os, sys
+import pyseccomp as sc
+rules = sc.SyscallFilter(sc.ALLOW)
+rules.add_rule(sc.ERRNO(errno.EPERM), "unshare")  # as a kernel without user namespaces does
+rules.load()
+os.execv(sys.executable, [sys.executable, "-m", "evolve", *sys.argv[1:]])
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["auto", "strict"])
+def test_a_kernel_that_refuses_namespaces_is_named_in_one_line(strict: bool) -> None:
+    seed = Path(__file__).parent.parent / "seeds" / "dense.py"
+    flags = ["--isolation", "strict"] if strict else []
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSE_NAMESPACES, "check", *flags, str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in done.stderr.splitlines() if "WEAKER ISOLATION" in line]
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert "namespaces" in lines[0] and "Operation not permitted" in lines[0]
+    if strict:
+        assert done.returncode == 2 and lines[0].startswith("error: sandbox:"), done.stderr
+        assert "Traceback" not in done.stderr
+    else:
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "passed" in done.stdout
