@@ -1,14 +1,18 @@
 """The task-model prompts of evaluation: extraction, planning and answering.
 
 Owns the prompt templates, the extraction window (how a session is cut into extraction calls)
-and the lookup of a program's instruction strings (read from its source without running it).
-:class:`evolve.session.ConversationSession` sends these prompts; stage keys fold in
-:func:`texts` through :func:`evolve.session.evaluator_version`.
+and the check of a program's instruction strings as its host reports them
+(:func:`reported_instructions`). :class:`evolve.session.ConversationSession` sends these
+prompts; stage keys fold in :func:`texts` through :func:`evolve.session.evaluator_version`.
 
 Invariants:
 - Every text or number here that shapes a prompt is listed in :func:`texts`, so changing one
   changes every stage key and no cached output of the old prompt is reused.
-- An instruction is a string literal assigned at the program's top level; anything else is a
+- An instruction is the value the loaded program holds (however its source builds it: plain,
+  annotated or concatenated assignments, the last one winning), as the host reports it after
+  loading (:meth:`sandbox.serve.Server.op_load`). The host is untrusted: the report must map
+  each name of :data:`~contract.spec.INSTRUCTIONS` to an exact ``str`` of at most
+  :data:`INSTRUCTION_MAX_CHARS` characters, non-blank; anything else is a
   :class:`~contract.types.ContractError`.
 - Extraction windows cover a session's messages in order, each within
   :data:`EXTRACT_WINDOW_CHARS` (one message at least, however long).
@@ -16,17 +20,15 @@ Invariants:
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 from typing import Any
 
-from contract.parsing import parse
 from contract.spec import INSTRUCTIONS
 from contract.types import ContractError
 from evolve.datasets.types import Question, Segment
 
 EXTRACT_WINDOW_CHARS = 24_000  # one extraction call sees at most this much of a session
+INSTRUCTION_MAX_CHARS = 20_000  # an instruction longer than this fails the conversation
 SCHEMA_PROMPT = "{instruction}\n\nReply with one JSON object matching this schema:\n{schema}\n\n"
 EXTRACT_PROMPT = SCHEMA_PROMPT + "{window}"
 PLAN_PROMPT = SCHEMA_PROMPT + "Question: {question}{when}"
@@ -53,43 +55,48 @@ def units_schema(unit_schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def extraction_prompt(source: str, reply_schema: dict[str, Any], window: Segment) -> str:
+def reported_instructions(report: Any) -> dict[str, str]:
+    """The instructions a host reported after loading (``{"instructions": {name: value}}``),
+    keyed by component (``extract``, ``plan``, ``answer``), each checked: an exact non-blank
+    ``str`` of at most INSTRUCTION_MAX_CHARS characters."""
+    values = report.get("instructions") if isinstance(report, dict) else None
+    if not isinstance(values, dict):
+        raise ContractError("the program host did not report the instructions")
+    out: dict[str, str] = {}
+    for component, name in INSTRUCTIONS.items():
+        value = values.get(name)
+        if type(value) is not str or not value.strip():
+            raise ContractError(f"{name} must be a non-empty string")
+        if len(value) > INSTRUCTION_MAX_CHARS:
+            raise ContractError(
+                f"{name} is {len(value)} characters long; at most {INSTRUCTION_MAX_CHARS}"
+            )
+        out[component] = value
+    return out
+
+
+def extraction_prompt(instruction: str, reply_schema: dict[str, Any], window: Segment) -> str:
     return EXTRACT_PROMPT.format(
-        instruction=instruction(source, INSTRUCTIONS["extract"]),
-        schema=json.dumps(reply_schema),
-        window=window.render(),
+        instruction=instruction, schema=json.dumps(reply_schema), window=window.render()
     )
 
 
-def planning_prompt(source: str, query_schema: dict[str, Any], q: Question) -> str:
+def planning_prompt(instruction: str, query_schema: dict[str, Any], q: Question) -> str:
     return PLAN_PROMPT.format(
-        instruction=instruction(source, INSTRUCTIONS["plan"]),
+        instruction=instruction,
         schema=json.dumps(query_schema),
         question=q.question,
         when=PLAN_DATE.format(date=q.question_date) if q.question_date else "",
     )
 
 
-def answer_prompt(source: str, retrieved: str, q: Question) -> str:
+def answer_prompt(instruction: str, retrieved: str, q: Question) -> str:
     return ANSWER_PROMPT.format(
-        instruction=instruction(source, INSTRUCTIONS["answer"]),
+        instruction=instruction,
         retrieved=retrieved,
         today=ANSWER_DATE.format(date=q.question_date) if q.question_date else "",
         question=q.posed,
     )
-
-
-@functools.lru_cache(maxsize=64)  # called for every LLM prompt: parse each source once
-def instruction(source: str, name: str) -> str:
-    """An instruction string read from the source without running it (a literal assignment)."""
-    for node in parse(source).body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            value = ast.literal_eval(node.value)
-            if isinstance(value, str):
-                return value
-    raise ContractError(f"{name} must be assigned a string literal")
 
 
 def extraction_windows(segment: Segment) -> list[Segment]:

@@ -8,8 +8,9 @@ sends it data, answers its backend requests (:mod:`evolve.backend_service`), sen
 model the prompts of :mod:`evolve.prompts` and stores what comes back. For each stage the
 session either loads the cached output (keys from :mod:`evolve.stagecache`) or computes it and
 stores it (:meth:`ConversationSession._cached_json`, the one cached-stage helper). Outputs are
-computed lazily: when every retrieval result of a conversation is cached, no host is even
-started, and when the memory state is cached, its units are never extracted.
+computed lazily: when every retrieval and answer of a conversation is cached, no host is even
+started, and when the memory state is cached, its units are never extracted. The task-model
+prompts carry the instructions the loaded program holds, as its host reports them at load.
 
 Invariants:
 - A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
@@ -61,6 +62,7 @@ from typing import Any, TypeVar
 
 from contract.records import conform
 from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
+from contract.types import ContractError
 from evolve import prompts
 from evolve.backend_service import BackendService
 from evolve.datasets.types import Conversation, Question, Segment
@@ -131,6 +133,7 @@ class ConversationSession:
         self._host: Host | None = None
         self._host_error: str | None = None
         self._schemas: dict[str, Any] = {}
+        self._instructions: dict[str, str] = {}  # component -> the value the program holds
         self._memory_ready = False
         self.notify: Callable[[str], None] = lambda event: None  # progress (run_conversation)
 
@@ -145,9 +148,12 @@ class ConversationSession:
                 try:
                     with self.clock.during("sandbox"):
                         self._host = Host(EVAL_LIMITS, serve=self._serve)
-                        self._host.call("load", {"source": self.source, "path": self.path})
+                        loaded, _ = self._host.call(
+                            "load", {"source": self.source, "path": self.path}
+                        )
+                        self._instructions = prompts.reported_instructions(loaded)
                         self._schemas, _ = self._host.call("schema")
-                except (HostFailure, ProgramFailure) as exc:
+                except (HostFailure, ProgramFailure, ContractError) as exc:
                     self._host_error = f"program host: {exc}"
                     self.close()
                     raise HostFailure(self._host_error) from None
@@ -181,6 +187,12 @@ class ConversationSession:
     def schema(self, name: str) -> dict[str, Any]:
         self.host()
         return dict(self._schemas[name])
+
+    def instruction(self, component: str) -> str:
+        """The instruction of ``component`` as the loaded program holds it (the host reports
+        it at load; :func:`evolve.prompts.reported_instructions` checks the report)."""
+        self.host()
+        return self._instructions[component]
 
     def close(self) -> None:
         if self._host is not None:
@@ -261,7 +273,7 @@ class ConversationSession:
                 raise ValueError('expected {"units": [...]}')
             return [conform(schema, u) for u in data["units"]]
 
-        prompt = prompts.extraction_prompt(self.source, wrapper, window)
+        prompt = prompts.extraction_prompt(self.instruction("extract"), wrapper, window)
         stage, llm = f"{self.config.call_prefix}/extract", self.llm
         records = self.model(lambda: llm.complete_json("task", stage, prompt, wrapper, validate))
         self.notify("window")
@@ -380,7 +392,7 @@ class ConversationSession:
         """The task model's Query record for ``q``."""
         assert self.llm is not None
         schema, llm = self.schema("Query"), self.llm
-        prompt = prompts.planning_prompt(self.source, schema, q)
+        prompt = prompts.planning_prompt(self.instruction("plan"), schema, q)
         stage = f"{self.config.call_prefix}/plan"
         return self.model(
             lambda: llm.complete_json("task", stage, prompt, schema, lambda d: conform(schema, d))
@@ -431,7 +443,8 @@ class ConversationSession:
 
     def _answer(self, q: Question, retrieved: str) -> str:
         assert self.llm is not None
-        prompt, llm = prompts.answer_prompt(self.source, retrieved, q), self.llm
+        instruction, llm = self.instruction("answer"), self.llm
+        prompt = prompts.answer_prompt(instruction, retrieved, q)
         stage = f"{self.config.call_prefix}/answer"
         return self.model(lambda: llm.complete("task", stage, prompt).text)
 

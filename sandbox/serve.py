@@ -28,7 +28,7 @@ import numpy as np
 
 from contract.program import LoadedProgram, check_shapes, load_program, offline_units
 from contract.records import build_record, json_schema, validate_record
-from contract.spec import OUT_CHAR_BUDGET
+from contract.spec import INSTRUCTIONS, OUT_CHAR_BUDGET
 from contract.state import dump_state, load_state
 from contract.types import BackendError, ContractError, Message, Segment
 from sandbox.tiers import TierError, probe_run, smoke_tier
@@ -115,9 +115,12 @@ class Server:
         return self.program
 
     def op_load(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        """Tier 1 at run time: the module executes and defines the required names."""
+        """Tier 1 at run time: the module executes and defines the required names. Returns the
+        instruction strings the loaded module holds (name -> value), which the optimizer's
+        prompts use; the optimizer checks their types and lengths itself."""
         self.program = load_program(str(req["source"]), str(req["path"]), self.builtins, False)
-        return None, []
+        names = INSTRUCTIONS.values()
+        return {"instructions": {n: str.__str__(self.program.get(n)) for n in names}}, []
 
     def op_schema(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """Tier 2: field types and signatures; returns the record schemas."""

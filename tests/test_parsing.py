@@ -14,7 +14,6 @@ import pytest
 
 from contract import parsing
 from evolve.evolution.offline import tunables
-from evolve.prompts import instruction
 from sandbox.fingerprint import fingerprints
 from sandbox.static import check_source
 
@@ -29,7 +28,6 @@ def test_parse_is_ast_parse() -> None:
 
 
 READERS: dict[str, Callable[[str], Any]] = {
-    "instruction": lambda source: instruction(source, "ANSWER_INSTRUCTION"),
     "tunables": tunables,
     "fingerprints": fingerprints,
     "check_source": check_source,
