@@ -333,3 +333,19 @@ def test_every_result_shows_valid_and_guard_figures_beside_the_seed(
     copy.update(best, frozen=True, scores={**copy.get(best).scores, "test": test})
     out = shown("freeze", f"{store.run_id}/{best}")
     assert all(line.strip() in out for line in expected), out
+
+
+def test_a_resumed_run_keeps_its_guards(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    from evolve.evolution.manifest import build_manifest
+
+    cfg = config(data_dir, tmp_path / "cache")
+    RunStore.create(tmp_path, build_manifest(cfg), run_id="kept")
+    resume = ["--resume", "kept", "--runs-dir", str(tmp_path), "--dry-run"]
+    code, out, _ = run_cli(capsys, *resume)
+    assert code == 0 and all(f"guard {g}: 1 conversation" in out for g in GUARDS)
+    same = [a for g in reversed(GUARDS) for a in ("--guard", g)]  # the same set, in any order
+    assert run_cli(capsys, *resume, *same)[0] == 0
+    code, _, err = run_cli(capsys, *resume, "--guard", "none")
+    assert code == 2 and "keeps the guards it started with (beam:holdout@1, locomo:all@1)" in err

@@ -214,9 +214,13 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         if args.bench is not None and args.bench != config.bench:
             raise UsageError(f"run {args.resume} evolves on {config.bench}; --bench {args.bench} "
                              "cannot change that (start a new run for another bench)")  # fmt: skip
-        if args.guard is not None:
-            raise UsageError(f"run {args.resume} keeps the guards it started with; --guard "
-                             "cannot change them (start a new run)")  # fmt: skip
+        root = Path(config.data_dir)
+        if args.guard is not None and sorted(_guards(args.guard, config.bench, root)) != sorted(
+            config.guards
+        ):
+            raise UsageError(f"run {args.resume} keeps the guards it started with "
+                             f"({', '.join(config.guards) or 'none'}); --guard cannot change "
+                             "them (start a new run)")  # fmt: skip
         if args.rounds:
             caps["rounds"] = rounds
         return config.replace(**caps)
