@@ -24,6 +24,7 @@ from evolve.evolution.proposer import CandidateView, Request
 from evolve.evolution.store import RunStore
 from evolve.models.llm import LLMError
 from evolve.models.testing import ScriptedLLM
+from evolve.scoring.fitness import DEFINITIONS, MODES, VERSION, Fitness, Mode
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
@@ -136,7 +137,21 @@ def test_prompt_shows_contract_train_scores_cases_and_never_valid():
     text = render_request(request)
     assert "temporal tracking" in text and "it was May" in text and "0.500" in text
     assert HYBRID in text and "valid" not in text.lower().replace("invalid", "")
-    assert "MemoryUnit" in system_prompt() and "numpy" in system_prompt()
+    prompt = system_prompt(Fitness("retrieval", "beam"))
+    assert "MemoryUnit" in prompt and "numpy" in prompt
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_coder_is_told_the_fitness_in_force(mode: Mode, monkeypatch: pytest.MonkeyPatch):
+    """The system prompt states the mode's one definition (scoring/fitness.py), and follows a
+    change of it."""
+    fitness = Fitness(mode, "beam")
+    prompt = system_prompt(fitness)
+    assert DEFINITIONS[mode] in prompt and f"version {VERSION}" in prompt
+    assert all(DEFINITIONS[other] not in prompt for other in MODES if other != mode)
+    assert "hit rate" not in prompt  # version 1's fitness, no longer selected on
+    monkeypatch.setitem(DEFINITIONS, mode, "the number of vowels in the retrieved text")
+    assert "the number of vowels in the retrieved text" in system_prompt(fitness)
 
 
 # --- the loop with a scripted coder ---------------------------------------------------------
@@ -175,6 +190,13 @@ def test_archive_repairs_and_rejection(coder_run: Evolution):
     assert promoted and all(paired_beats(c, seed, cap) for cap, c in promoted.items())
     for c in (cold, fixed, merged):
         assert set(c.scores) == {"train", "valid"} and store.traces(c.id, "train")
+
+
+def test_the_runs_coder_is_told_the_runs_fitness(coder_run: Evolution):
+    assert isinstance(coder_run.coder, ScriptedLLM)
+    fitness = coder_run.config.fitness()
+    systems = [m[0]["content"] for _, _, m in coder_run.coder.transport_calls]
+    assert systems and all(fitness.objective() in text for text in systems)
 
 
 def test_each_repair_sees_the_previous_error(coder_run: Evolution):

@@ -45,6 +45,8 @@ from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.models.llm import LLMClient, Message
 from evolve.scoring import fmt_score
+from evolve.scoring.fitness import KEY as FITNESS_KEY
+from evolve.scoring.fitness import Fitness
 from evolve.scoring.offline import METRICS
 from sandbox.static import ALLOWED_IMPORTS
 
@@ -111,14 +113,16 @@ def _contract() -> str:
     return _ROLE.sub(lambda m: m[1].rsplit(".", 1)[-1], body).replace("``", "`").strip()
 
 
-def system_prompt() -> str:
-    """What the coder always knows: the job, the contract, the sandbox rules, the reply format."""
+def system_prompt(fitness: Fitness) -> str:
+    """What the coder always knows: the job, the fitness in force (:meth:`Fitness.objective`),
+    the contract, the sandbox rules, the reply format."""
     modules = ", ".join(sorted(ALLOWED_IMPORTS))
     return f"""You improve memory programs for long-horizon LLM agents. A memory program reads a
 long conversation (100K to 10M tokens) session by session, stores memory units, and for each
 question returns at most {spec.OUT_CHAR_BUDGET:,} characters of retrieved text from which an
-answer model must answer. It is scored on whether that text contains the evidence messages the
-answer depends on (evidence similarity and hit rate) and on the answers.
+answer model must answer.
+
+How programs are scored: {fitness.objective()}
 
 The contract (contract version {spec.CONTRACT_VERSION}):
 
@@ -139,13 +143,14 @@ def _score_table(scores: dict[str, Any], split: str) -> str:
     block = scores.get(split) or {}
     rows = [("overall", block.get("overall") or {})]
     rows += [(c, block.get("by_capability", {}).get(c) or {}) for c in CAPABILITIES]
-    lines = [f"| capability | n | {' | '.join(m.replace('_', ' ') for m in METRICS)} |",
-             "|" + "---|" * (len(METRICS) + 2)]  # fmt: skip
+    shown = (FITNESS_KEY, *METRICS)  # the fitness in force first, then the retrieval metrics
+    lines = [f"| capability | n | {' | '.join(m.replace('_', ' ') for m in shown)} |",
+             "|" + "---|" * (len(shown) + 2)]  # fmt: skip
     for name, row in rows:
         if not row:
             continue
         label = name if name == "overall" else f"{name} {CAPABILITY_NAMES[name]}"
-        values = [fmt_score(row.get(m)) for m in METRICS]
+        values = [fmt_score(row.get(m)) for m in shown]
         lines.append(f"| {label} | {row.get('n', 0)} | {' | '.join(values)} |")
     return "\n".join(lines)
 
@@ -289,7 +294,7 @@ def _specialty(request: Request, specialist: CandidateView) -> str | None:
 
     def gain(cap: str) -> float:
         a, b = mine.get(cap) or {}, theirs.get(cap) or {}
-        return float(a.get("evidence_similarity") or 0) - float(b.get("evidence_similarity") or 0)
+        return float(a.get(FITNESS_KEY) or 0) - float(b.get(FITNESS_KEY) or 0)
 
     return max(CAPABILITIES, key=gain) if mine else None
 
@@ -354,8 +359,9 @@ class CoderProposer:
 
     name = "coder"
 
-    def __init__(self, llm: LLMClient, diagnose: bool = True) -> None:
+    def __init__(self, llm: LLMClient, fitness: Fitness, diagnose: bool = True) -> None:
         self.llm = llm
+        self.fitness = fitness  # the run's, told to the model in the system prompt
         self.diagnose = diagnose
 
     def propose(self, request: Request) -> Proposal:
@@ -368,11 +374,12 @@ class CoderProposer:
             ask = render_request(request, specialist, ask_diagnosis=True)
             diagnosis = self.llm.complete(
                 "coder", f"{request.stage}/diagnose",
-                [{"role": "system", "content": system_prompt()}, {"role": "user", "content": ask}],
+                [{"role": "system", "content": system_prompt(self.fitness)},
+                 {"role": "user", "content": ask}],
                 max_tokens=self._diagnosis_tokens(),
             ).text.strip()  # fmt: skip
         messages: list[Message] = [
-            {"role": "system", "content": system_prompt()},
+            {"role": "system", "content": system_prompt(self.fitness)},
             {"role": "user", "content": render_request(request, specialist, diagnosis)},
         ]
         base = Proposal(None, "", parents)

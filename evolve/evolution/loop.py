@@ -15,8 +15,10 @@ their questions carry that bench's native capabilities.
   known, so siblings differ. Refinement spreads the K children over capabilities
   (:func:`~evolve.evolution.stages.refinement_targets`: the weakest gets most), integration over
   the specialists (child i pairs with rotation r·K + i), cold start makes K revisions.
-- **Fitness** of a score block (overall, one capability, one question) is the mean of evidence
-  similarity and evidence hit rate, the offline retrieval signal.
+- **Fitness** of a score block (overall, one capability, one question) is the value of the run's
+  fitness mode (:meth:`~evolve.config.RunConfig.fitness`, :mod:`evolve.scoring.fitness`):
+  evidence coverage offline, the judged score with a task model and a judge, answer F1 with a
+  task model alone. The coder's system prompt states the mode in force.
 - **Best overall** and the **specialist** per capability come from
   :mod:`evolve.evolution.archive`: a challenger replaces a holder only when a paired bootstrap
   test on the valid questions says it is better. Both are derived from the store, never kept
@@ -144,7 +146,7 @@ def workload(config: RunConfig) -> Workload:
                 windows += 1
                 chars += sum(len(m.content) for m in window.messages)
     seed = CandidateView("seed", Path(config.seed_program).read_text(), {})
-    prompt = system_prompt() + render_request(Request("refinement", 0, seed, "F"))
+    prompt = system_prompt(config.fitness()) + render_request(Request("refinement", 0, seed, "F"))
     rounds = sum(config.rounds.values())
     return Workload(rounds, rounds * config.children + 1, windows, chars, questions,
                     len(prompt) + 4 * CASE_CHARS, config.repairs, judged,
@@ -187,7 +189,9 @@ class Evolution:
                                 **config.llm_limits())  # fmt: skip
         self.coder = coder
         self.proposer: Proposer = (
-            CoderProposer(coder) if coder is not None else offline_proposer(config, store.root)
+            CoderProposer(coder, config.fitness())
+            if coder is not None
+            else offline_proposer(config, store.root)
         )
         # the offline proposer reads constants and scores, never cases: none are built for it
         self.builds_cases = not isinstance(self.proposer, OfflineProposer)

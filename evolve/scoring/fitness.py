@@ -1,7 +1,8 @@
-"""Fitness: the one number selection reads, one definition per mode (issue 18; design §4).
+"""Fitness: the one number selection reads, one definition per mode (design §4).
 
 Owns :data:`MODES`, :data:`VERSION`, :data:`KEY`, :class:`Fitness` (a mode bound to a bench
-and a BEAM judge variant: its per-question value and its description), :func:`choose` (the one
+and a BEAM judge variant: its per-question value, its description and :meth:`Fitness.objective`,
+the words the LLM coder is told), :func:`choose` (the one
 function that decides the mode) and :func:`retrieval_fitness` (the offline definition).
 
 Modes (:func:`choose`, from what a run or an evaluation is configured with):
@@ -110,6 +111,21 @@ class Fitness:
             if isinstance(value, int | float):
                 return float(value)
         return None
+
+    def objective(self) -> str:
+        """The fitness in words, for a proposer that must know what selection rewards: built from
+        :data:`DEFINITIONS` and the mode's metrics, so it follows every change of either."""
+        if self.mode == "retrieval":
+            metric = RETRIEVAL_METRIC
+        else:
+            metric = " else ".join(_METRICS[self.mode].get(self.bench, ()))
+            metric = metric.format(variant=self.variant)
+        return (
+            f"Selection reads one value per question, {DEFINITIONS[self.mode]} (fitness "
+            f"`{self.mode}` version {VERSION}, metric {metric}); a program is kept when its "
+            "mean over held-out questions beats the current best's (a paired test). Other scores "
+            "are shown for diagnosis only."
+        )
 
     def describe(self) -> dict[str, Any]:
         """What is recorded in every report, score block and manifest."""
