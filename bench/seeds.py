@@ -12,6 +12,8 @@ standard deviation, range and how many reach ``--goal``.
 A run with search seed 0 is the README's command itself, so its row is what a newcomer gets;
 the others show what the same command could have found. The spread is search-path noise: the
 seeds change which tunables the proposer moves, never how candidates are scored or selected.
+Each run is :func:`default_run.one_run`, shared with ``bench/transfer.py`` (which scores the
+bests on every dataset the data folder holds, not one split).
 
     python bench/seeds.py --data-dir ../shared/data --seeds 5
     python bench/seeds.py --data-dir ../shared/data --seeds 3 -- --seed OTHER.py --rounds 2,8,2
@@ -22,43 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
-from evolve.evolution.store import RunStore
-
-EVOLVE = Path(sys.executable).with_name("evolve")  # the console script of this environment
-
-
-def evolve(*args: str) -> str:
-    """Run ``evolve`` with ``args``; its stdout, or exit with its last error line."""
-    done = subprocess.run([str(EVOLVE), *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or ["no output"]
-        raise SystemExit(f"evolve {args[0]} failed ({done.returncode}): {lines[-1]}")
-    return done.stdout
-
-
-def one_run(seed: int, common: list[str], work: Path, extra: list[str]) -> dict[str, Any]:
-    """The run with search seed ``seed`` (in ``work/runs-SEED``): its wall time, best candidate
-    and exported file."""
-    runs = work / f"runs-{seed}"
-    start = time.perf_counter()
-    evolve("run", "--bench", "beam", *common, "--runs-dir", str(runs), "--search-seed",
-           str(seed), "--no-progress", *extra)  # fmt: skip
-    wall = time.perf_counter() - start
-    (run_id,) = [p.name for p in runs.iterdir() if p.is_dir()]
-    store = RunStore.open(runs, run_id)
-    best = store.get(store.load_state()["best"])
-    out = work / f"best-{seed}.py"
-    evolve("export", f"{run_id}/{best.id}", "--runs-dir", str(runs), "--out", str(out))
-    valid = best.scores["valid"]["overall"]["fitness"]
-    return {"seed": seed, "wall": wall, "best": best.id, "valid": valid, "message": best.message,
-            "path": out, "start": store.source_path(store.candidates()[0].id)}  # fmt: skip
+from default_run import evolve, one_run
 
 
 def main() -> None:

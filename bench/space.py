@@ -4,7 +4,8 @@ A measurement script, not a test. It runs the program **in process, with no sand
 give it only a trusted program (the project's seeds). Each variant is the program with some
 tunable constants set (:func:`evolve.evolution.offline.searchable`: the ones offline search may
 move), run through offline mode's stand-ins as the executor runs them (one unit per message,
-the question as the query; :mod:`contract.program`) over a BEAM-100K split, and scored with
+the question as the query; :mod:`contract.program`) over a split (BEAM-100K unless named
+otherwise), and scored with
 evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
 
 - ``--moves``: the program as written, then each tunable moved alone halfway to each end of its
@@ -13,6 +14,10 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
   measures the moves from a tuned point instead (a move's worth depends on where a run already
   is: at LENGTH_PENALTY 0.25 the role weights, worth 7-8 pp at the seed, move under a point),
   and ``--only NAME ...`` moves just the tunables named.
+- ``--score``: the program at ``--at`` on each of ``--splits`` (default train and valid), overall
+  and per capability; a split is ``[BENCH:]SPLIT[@N]`` (``holdout``, ``locomo:all``,
+  ``test@2``: the first 2 conversations). Tune on BEAM-100K train and valid only; the other
+  benchmarks and sizes are there to check that what was tuned transfers, never to choose by.
 - ``--search N``: optuna's TPE (seeded) over all the tunables at once for N trials on train,
   starting from the program as written; the best trial is then scored on valid and holdout.
   An upper bound, in practice, on what a run's offline search finds in that space. ``--keep
@@ -23,6 +28,8 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
     python bench/space.py --data-dir ../shared/data --moves --at LENGTH_PENALTY=0.25 \
         --only USER_WEIGHT ASSISTANT_WEIGHT
     python bench/space.py --data-dir ../shared/data --search 120 --keep CHUNK_CHARS CHUNK_OVERLAP
+    python bench/space.py --data-dir ../shared/data --score --at LENGTH_PENALTY=0.3 \
+        --splits train valid locomo:all all:500K@2
 
 Embeddings are read from and written to the shared cache (``--cache-dir``, default
 ``~/.cache/prismem``), so only a chunking not seen before costs encoding time.
@@ -45,7 +52,7 @@ from scale import LocalBackend
 
 from contract.program import load_program, offline_units
 from contract.spec import OUT_CHAR_BUDGET
-from evolve.datasets.beam import load_taskset
+from evolve.datasets.benches import BENCHES, load_taskset
 from evolve.datasets.types import TaskSet
 from evolve.evolution.offline import Tunable, Value, searchable
 from evolve.models.embed import Embedder
@@ -56,7 +63,7 @@ CAPS = ("F", "T", "P", "M", "A")
 
 
 class Space:
-    """A program's variants scored on BEAM-100K splits, in process."""
+    """A program's variants scored on benchmark splits (``[BENCH:]SPLIT[@N]``), in process."""
 
     def __init__(self, program: Path, data_dir: Path, cache_dir: Path) -> None:
         self.source, self.path = program.read_text(), str(program)
@@ -67,7 +74,9 @@ class Space:
 
     def score(self, split: str, values: dict[str, Value]) -> dict[str, float]:
         """Coverage of the program with ``values`` set: overall and per capability."""
-        tasks = self.tasks.setdefault(split, load_taskset(self.data_dir, split))
+        if split not in self.tasks:
+            self.tasks[split] = taskset(self.data_dir, split)
+        tasks = self.tasks[split]
         evidence, by_conv = tasks.evidence_texts(), tasks.by_conversation()
         items = []
         for conv in tasks.conversations:
@@ -85,6 +94,16 @@ class Space:
                 groups["all"].append(row["evidence_coverage"])
                 groups[item.question.capability].append(row["evidence_coverage"])
         return {k: float(np.mean(v)) for k, v in groups.items()}
+
+
+def taskset(data_dir: Path, spec: str) -> TaskSet:
+    """The split named ``[BENCH:]SPLIT[@N]`` (BEAM unless BENCH is a benchmark's name; @N: the
+    first N conversations)."""
+    name, _, first = spec.partition("@")
+    bench, _, split = name.partition(":")
+    if bench not in BENCHES:
+        bench, split = "beam", name
+    return load_taskset(bench, data_dir, split).first(int(first) if first else None)
 
 
 def halfway(t: Tunable) -> list[Value]:
@@ -118,6 +137,13 @@ def moves(space: Space, split: str, at: dict[str, Value], only: list[str]) -> No
         for value in halfway(t):
             scores = space.score(split, {**at, t.name: value})
             print(_row(f"{t.name} {t.value} -> {value}", scores, base), flush=True)
+
+
+def score(space: Space, splits: list[str], at: dict[str, Value]) -> None:
+    for split in splits:
+        began = time.perf_counter()
+        scores = space.score(split, at)
+        print(_row(f"{split} ({time.perf_counter() - began:.0f} s)", scores), flush=True)
 
 
 def assignment(text: str) -> tuple[str, Value]:
@@ -181,14 +207,18 @@ def main() -> None:
         help="--moves from this point, not the program as written",
     )
     parser.add_argument("--only", nargs="*", default=[], metavar="NAME", help="--moves: just these")
+    parser.add_argument("--splits", nargs="*", default=["train", "valid"], help="--score: where")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--moves", action="store_true")
     mode.add_argument("--search", type=int, metavar="N")
+    mode.add_argument("--score", action="store_true", help="the program at --at on --splits")
     args = parser.parse_args()
     space = Space(args.program, args.data_dir, args.cache_dir)
-    print(f"{args.program} in process (no sandbox), evidence coverage on BEAM-100K")
+    print(f"{args.program} in process (no sandbox), evidence coverage")
     if args.moves:
         moves(space, args.split, dict(args.at), args.only)
+    elif args.score:
+        score(space, args.splits, dict(args.at))
     else:
         search(space, args.search, args.seed, args.keep)
 

@@ -6,23 +6,26 @@ chunks is rebuilt lazily, at the first retrieval after new units arrive. Retriev
 expands the query with its RARE_TERMS rarest words (fewest chunks hold them), scores each chunk
 by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25 (scaled to 0-1 by the query's best chunk),
 gives each unit its best chunk's score times its role weight plus a recency prior
-(RECENCY_WEIGHT times the unit's position, 0 for the first unit and 1 for the last), keeps the
-TOP_K best units at or above MIN_SCORE, ranked by that score less LENGTH_PENALTY times the
-natural log of the unit's characters (so that, packed into a fixed budget, relevance per
-character decides: one long unit no longer displaces several short relevant ones; MIN_SCORE
-reads the score before the penalty), optionally re-orders them by maximal marginal relevance
-(MMR_LAMBDA < 1), keeps at most SESSION_CAP of them per session, adds NEIGHBOURS adjacent units
-of the same session after each hit, and packs the result within the character budget, by
-relevance; CHRONOLOGICAL then lists what fitted in the order the units were indexed. A hit
-returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of
-the unit on either side.
+(RECENCY_WEIGHT times the unit's position, 0 for the first unit and 1 for the last).
+
+What counts as relevant reads that score alone: the hits are the TOP_K best units at or above
+MIN_SCORE and at or above RELATIVE_FLOOR times the query's best unit score. Length never
+decides which units are hits, only the order they are packed in: by the score less
+LENGTH_PENALTY times the natural log of the unit's characters, so that in a fixed budget one
+long hit no longer displaces several short ones, while a short unit that is not a hit is never
+packed for being short. The hits are then optionally re-ordered by maximal marginal relevance
+(MMR_LAMBDA < 1), at most SESSION_CAP of them kept per session, NEIGHBOURS adjacent units of
+the same session added after each hit, and the result packed within the character budget in
+that order (a block that does not fit is skipped, the next tried); CHRONOLOGICAL then lists
+what fitted in the order the units were indexed. A hit returns its whole unit, or with
+RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
 The offline proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
 marked ``(format)``: the offline fitness reads which evidence reached the context, not the
 dates or the order a reader gets it in. The defaults are the
-seed's original behaviour (no expansion, no prior, no length penalty, no cap, no overlap,
-whole units by relevance).
+seed's original behaviour (no expansion, no prior, no relative floor, no length penalty, no cap,
+no overlap, whole units by relevance).
 """
 
 import re
@@ -51,7 +54,8 @@ SESSION_CAP = 0  # most hits kept per session; 0 = no cap (range 0-40)
 CHUNK_OVERLAP = 0  # characters shared by consecutive chunks, at most half a chunk (range 0-300)
 RARE_TERMS = 0  # the query's rarest words appended to it; 0 = no expansion (range 0-8)
 RECENCY_WEIGHT = 0.0  # score bonus of the last unit, linear in position from 0 (range 0.0-0.3)
-LENGTH_PENALTY = 0.0  # rank by score minus this times ln(unit characters) (range 0.0-0.5)
+RELATIVE_FLOOR = 0.0  # hits score at least this share of the query's best unit (range 0.0-0.9)
+LENGTH_PENALTY = 0.0  # pack hits by score minus this times ln(unit characters) (range 0.0-0.5)
 
 EXTRACTION_INSTRUCTION = (
     "Read the conversation session and write down what a personal assistant must remember "
@@ -141,11 +145,9 @@ class Memory:
         unit_scores *= np.array([role_weight(u.role) for u in self.units])
         if RECENCY_WEIGHT > 0 and len(self.units) > 1:
             unit_scores += RECENCY_WEIGHT * np.linspace(0.0, 1.0, len(self.units))
-        rank = self._ranked(unit_scores)
-        k = min(TOP_K, len(rank))
-        best = np.argpartition(-rank, k - 1)[:k]
-        best = best[np.argsort(-rank[best], kind="stable")]
-        hits = [int(i) for i in best if unit_scores[i] >= MIN_SCORE]
+        hits = self._relevant(unit_scores)
+        if LENGTH_PENALTY > 0:
+            hits = self._by_density(hits, unit_scores)
         if MMR_LAMBDA < 1.0 and len(hits) > 1:
             hits = self._mmr(hits, unit_scores)
         if SESSION_CAP > 0:
@@ -160,14 +162,24 @@ class Memory:
             kept.sort(key=lambda k: order[k])
         return "\n\n".join(blocks[k] for k in kept)
 
-    def _ranked(self, unit_scores):
-        """The scores that order the hits: less LENGTH_PENALTY * ln(characters) per unit, and
-        -inf below MIN_SCORE (so the TOP_K are chosen among the units that pass it)."""
-        rank = unit_scores
-        if LENGTH_PENALTY > 0:
-            chars = np.array([max(len(u.content), 1) for u in self.units], dtype=np.float64)
-            rank = unit_scores - LENGTH_PENALTY * np.log(chars)
-        return np.where(unit_scores >= MIN_SCORE, rank, -np.inf)
+    def _relevant(self, unit_scores):
+        """The hits, best first: the TOP_K best units by score among those at or above
+        MIN_SCORE and at or above RELATIVE_FLOOR times the best unit's score."""
+        floor = MIN_SCORE
+        top = float(unit_scores.max())
+        if RELATIVE_FLOOR > 0 and top > 0:
+            floor = max(floor, RELATIVE_FLOOR * top)
+        rank = np.where(unit_scores >= floor, unit_scores, -np.inf)
+        k = min(TOP_K, len(rank))
+        best = np.argpartition(-rank, k - 1)[:k]
+        best = best[np.argsort(-rank[best], kind="stable")]
+        return [int(i) for i in best if unit_scores[i] >= floor]
+
+    def _by_density(self, hits, unit_scores):
+        """The hits in packing order: by score less LENGTH_PENALTY * ln(characters)."""
+        chars = np.array([max(len(self.units[i].content), 1) for i in hits], dtype=np.float64)
+        key = unit_scores[hits] - LENGTH_PENALTY * np.log(chars)
+        return [hits[j] for j in np.argsort(-key, kind="stable")]
 
     def _refresh(self):
         if self.parts:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from test_ariadne import BagOfWords
 
@@ -59,6 +60,7 @@ NEW = {
     "CHUNK_OVERLAP": {"CHUNK_OVERLAP": 100, **PASSAGES},
     "RARE_TERMS": {"RARE_TERMS": 1, "LEXICAL_WEIGHT": 0.0, "TOP_K": 1},
     "RECENCY_WEIGHT": {"RECENCY_WEIGHT": 0.3},
+    "RELATIVE_FLOOR": {"RELATIVE_FLOOR": 0.9},
     "LENGTH_PENALTY": {"LENGTH_PENALTY": 0.5},
 }
 BASE = {"RETURN_CHUNK": {"CHUNK_CHARS": 200},
@@ -73,7 +75,7 @@ def test_new_tunables_are_declared_with_neutral_defaults() -> None:
         assert named[name].declared, name
     defaults = {"RETURN_CHUNK": False, "CHRONOLOGICAL": False, "SESSION_CAP": 0,
                 "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0,
-                "LENGTH_PENALTY": 0.0}  # fmt: skip
+                "RELATIVE_FLOOR": 0.0, "LENGTH_PENALTY": 0.0}  # fmt: skip
     assert {n: named[n].value for n in defaults} == defaults
 
 
@@ -102,18 +104,75 @@ def test_rare_terms_expand_the_query_with_the_rarest_word() -> None:
     assert "zhivago" in expanded and expanded != plain
 
 
-def test_length_penalty_ranks_relevance_per_character() -> None:
+def test_length_penalty_orders_packing_never_selection() -> None:
     # the long unit (twelve fillers, then "dentist bill was paid") has the best chunk for the
-    # question, so it ranks first; the penalty ranks it last, and out of a small TOP_K
+    # question, so it ranks first; the penalty packs it last but keeps it among the TOP_K hits:
+    # length decides the packing order, never which units are hits
     at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False}
     plain = retrieve("dentist bill", TOP_K=4, **at).split("\n\n")
     penalised = retrieve("dentist bill", TOP_K=4, LENGTH_PENALTY=0.5, **at).split("\n\n")
     assert plain[0].endswith("dentist bill was paid")
-    assert len(penalised) == 4 and not any("bill" in block for block in penalised)
-    # MIN_SCORE reads the score before the penalty: every unit that passes it is still kept
-    every = retrieve("dentist bill", **at).split("\n\n")
-    again = retrieve("dentist bill", LENGTH_PENALTY=0.5, **at).split("\n\n")
-    assert sorted(again) == sorted(every) and again[-1].endswith("dentist bill was paid")
+    assert sorted(penalised) == sorted(plain) and penalised[-1].endswith("dentist bill was paid")
+    # in a budget that the long hit nearly fills, the penalty packs the short hits instead
+    small = {"OUT_CHAR_BUDGET": 1000, "TOP_K": 4, **at}
+    first = retrieve("dentist bill", **small).split("\n\n")
+    packed = retrieve("dentist bill", LENGTH_PENALTY=0.5, **small).split("\n\n")
+    assert first[0].endswith("dentist bill was paid") and len(first) < 4
+    assert sorted(packed) == sorted(plain[1:])
+
+
+def test_short_units_that_are_not_hits_are_never_packed() -> None:
+    # many short, barely related turns: ranked by score less the penalty they would beat the
+    # relevant units into the TOP_K; selected by score they stay out, whatever the penalty
+    chatter = session("4", "2024-04-01", *[f"ok {w}" for w in ("yes", "sure", "fine", "right")])
+    memory_units = [*CONVERSATION, chatter]
+    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False, "TOP_K": 3, "MIN_SCORE": 0.0}
+    kept = {}
+    for penalty in (0.0, 0.5):
+        prog = program(**at, LENGTH_PENALTY=penalty)
+        memory = prog.get("Memory")(BagOfWords())
+        for segment in memory_units:
+            memory.index(offline_units(prog, segment), segment)
+        text = memory.retrieve(build_record(prog.query, "dentist visits", vars(prog.module)))
+        kept[penalty] = sorted(str(text).split("\n\n"))
+    assert kept[0.0] == kept[0.5] and not any(b.startswith("user: ok") for b in kept[0.5])
+
+
+def test_relative_floor_keeps_hits_near_the_best() -> None:
+    # the floor reads the query's best unit: 0.9 of it keeps only the closest units
+    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False}
+    every = retrieve("dentist zhivago", **at).split("\n\n")
+    near = retrieve("dentist zhivago", RELATIVE_FLOOR=0.9, **at).split("\n\n")
+    assert 1 <= len(near) < len(every) and near == every[: len(near)]
+
+
+def seed_selection(constants: dict[str, Any], unit_scores: np.ndarray) -> list[int]:
+    """The hybrid seed's hit selection as first written: the TOP_K best units by score among
+    those at or above MIN_SCORE, best first. Its defaults must still select this way."""
+    rank = np.where(unit_scores >= constants["MIN_SCORE"], unit_scores, -np.inf)
+    k = min(constants["TOP_K"], len(rank))
+    best = np.argpartition(-rank, k - 1)[:k]
+    best = best[np.argsort(-rank[best], kind="stable")]
+    return [int(i) for i in best if unit_scores[i] >= constants["MIN_SCORE"]]
+
+
+@pytest.mark.parametrize("question", ["dentist zhivago", "dentist bill", "oboe", "weather"])
+def test_defaults_select_and_pack_as_the_seed_did(question: str) -> None:
+    prog = program(CHUNK_CHARS=200, TOP_K=5)
+    memory = prog.get("Memory")(BagOfWords())
+    for segment in CONVERSATION:
+        memory.index(offline_units(prog, segment), segment)
+    seen: dict[str, Any] = {}
+    relevant = memory._relevant
+
+    def spy(unit_scores: np.ndarray) -> list[int]:
+        seen["scores"], seen["hits"] = unit_scores.copy(), relevant(unit_scores)
+        return list(seen["hits"])
+
+    memory._relevant = spy
+    text = str(memory.retrieve(build_record(prog.query, question, vars(prog.module))))
+    assert seen["hits"] == seed_selection(vars(prog.module), seen["scores"])
+    assert text == "\n\n".join(memory._render(i) for i in seen["hits"])  # all fit, in that order
 
 
 def test_chunk_overlap_shares_characters_and_stays_linear() -> None:
