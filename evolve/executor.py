@@ -27,6 +27,8 @@ Invariants:
   question keeps its ceiling.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
+- A question whose judge reply never parses scores 0 on the judged metrics and is marked
+  (:data:`~evolve.scoring.answers.UNJUDGED`); ``meta.unjudged`` counts them.
 - Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
   scored on its own and the results are kept in trace order, so scores equal a sequential
   run's (:func:`evolve.fanout.ordered_map`).
@@ -59,7 +61,7 @@ from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.usage import by_role
 from evolve.scoring import coverage
-from evolve.scoring.answers import AnswerScorer, Judged, make_scorer
+from evolve.scoring.answers import UNJUDGED, AnswerScorer, Judged, make_scorer, score_answer
 from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY as FITNESS_KEY
@@ -231,6 +233,7 @@ def evaluate(
             "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
             "errors": sum(1 for t in traces if t.error),
+            "unjudged": sum(1 for t in traces if UNJUDGED in (t.judged or {})),
             "seconds": round(time.perf_counter() - started, 3),
             "time": _time_split(results.values(), judging),
         },
@@ -327,7 +330,7 @@ def _score_answers(
 
     def one(trace: QuestionTrace) -> Judged:
         text = trace.answer if trace.answer is not None and not trace.error else ""
-        scored = answers.score(by_id[trace.id], text)
+        scored = score_answer(answers, by_id[trace.id], text)
         after()
         return scored
 

@@ -11,6 +11,8 @@ Invariants:
   among the secondaries) and repaired by the client if malformed; a task whose replies never
   validate keeps its native label, with a source that says so (a transport failure still stops
   the caller). Calls are cached by the LLM request cache, so a task is labelled once per model.
+  They are made through a view of the client (:meth:`~evolve.models.llm.LLMClient.view`), so
+  the shared client keeps no records of them.
 - Without a model the benchmark's native map stands in (primary = the native capability, no
   secondaries) and every label says so (``source == "native"``).
 """
@@ -91,6 +93,7 @@ def annotate(tasks: TaskSet, llm: LLMClient | None) -> dict[str, Labels]:
         return native_labels(tasks)
     config = llm.models.annotator
     assert config is not None
+    llm = llm.view()  # its records are dropped with it (the call log keeps every call)
     out = {}
     for q in tasks.questions:
         try:

@@ -63,6 +63,7 @@ def score_block(result: EvalReport) -> dict[str, Any]:
         "by_capability": result.scores["by_capability"],
         "headline": result.scores.get("headline"),
         "errors": result.meta["errors"],
+        "unjudged": result.meta["unjudged"],  # questions whose judge reply never parsed
         "questions": question_fitness(result.traces),
         "question_capabilities": {t.id: t.capability for t in result.traces},
         "diagnostics": result.scores.get("diagnostics"),
@@ -223,7 +224,8 @@ class Evaluator:
             label = f"{job.candidate.id} {name.removeprefix('guard:')}"
             row = slot * len(splits) + i
             on_progress = self.progress and self.progress(row, label, len(tasks.questions))
-            return evaluate(job.program, tasks, worker, judge=self.judge, backend=backend,
+            judge = self.judge.view() if self.judge else None  # its own records: its calls only
+            return evaluate(job.program, tasks, worker, judge=judge, backend=backend,
                             on_progress=on_progress,
                             judge_variant=self.config.judge_variant)  # fmt: skip
 

@@ -47,6 +47,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -347,6 +348,17 @@ class LLMClient:
         """The calls this client made (or merged) since it was created or last drained."""
         with self._lock:
             return tuple(self._records)
+
+    def view(self) -> LLMClient:
+        """This client (models, log, cache, limiter, transport, the same double's script) with
+        in-memory records of its own, starting empty: what one evaluation or one labelling pass
+        calls through, so its records are its calls only (not those of a sibling sharing the
+        client), and are dropped with it rather than kept by the shared client for a whole run
+        (the call log keeps every call)."""
+        twin = copy.copy(self)
+        twin._records = []
+        twin._lock = threading.Lock()
+        return twin
 
     def drain_records(self) -> list[UsageRecord]:
         """Return and forget the in-memory records (already in the SQLite log, if any)."""

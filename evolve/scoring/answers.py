@@ -1,7 +1,8 @@
 """Answer scoring: the interface every benchmark's answer scorer implements, and the registry.
 
-Owns :class:`Judged`, the :class:`AnswerScorer` protocol, :func:`prompt_sha256` and
-:func:`make_scorer`. Implementations live one module per benchmark —
+Owns :class:`Judged`, the :class:`AnswerScorer` protocol, :func:`prompt_sha256`,
+:func:`make_scorer`, :func:`score_answer` and :data:`UNJUDGED`. Implementations live one
+module per benchmark —
 :mod:`evolve.scoring.beam_judge`, :mod:`evolve.scoring.locomo`,
 :mod:`evolve.scoring.longmemeval` — each following its benchmark authors' protocol
 (docs/benchmarks.md §2.5, §3.3, §4.3).
@@ -17,6 +18,12 @@ Invariants:
   no judge was used; metrics that need no LLM (LoCoMo's token F1, BLEU-1) are still computed.
 - Every result records the judge model, the sha256 of each judge prompt template and the
   variant(s) scored (:meth:`AnswerScorer.describe`).
+- A question whose judge reply never parses (:class:`~evolve.models.llm.JSONReplyError`, after
+  the client's repairs) costs that question, not the evaluation (:func:`score_answer`, which
+  the executor scores through): every metric of the scorer's
+  ``judge_metrics`` is 0, the others are scored as without a judge, and its detail says why
+  under :data:`UNJUDGED` (the executor counts such questions). A transport failure
+  (:class:`~evolve.models.llm.LLMError`) still stops the caller.
 - Per-question metric values are floats in [0, 1] or ``None`` (not applicable / not judged);
   the executor's aggregation takes means over the non-None values, per capability, per native
   type and overall; :meth:`AnswerScorer.summarize` adds the benchmark's own headline numbers.
@@ -30,8 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from evolve.datasets.types import Question
-from evolve.models.llm import LLMClient
+from evolve.models.llm import JSONReplyError, LLMClient
 
+UNJUDGED = "unjudged"  # a trace's judge detail key: why its judge reply never parsed
 BENCH_SCORERS = {
     "beam": "evolve.scoring.beam_judge",
     "locomo": "evolve.scoring.locomo",
@@ -52,6 +60,7 @@ class AnswerScorer(Protocol):
 
     bench: str
     metrics: tuple[str, ...]  # every key :meth:`score` fills, in report order
+    judge_metrics: tuple[str, ...]  # the metrics a judge's parsed reply gives
 
     def score(self, question: Question, answer: str) -> Judged:
         """Score one answer (judge calls, if any, go through the scorer's client)."""
@@ -84,3 +93,15 @@ def make_scorer(bench: str, judge: LLMClient | None) -> AnswerScorer:
     module = importlib.import_module(BENCH_SCORERS[bench])
     scorer: AnswerScorer = module.Scorer(judge)
     return scorer
+
+
+def score_answer(scorer: AnswerScorer, question: Question, answer: str) -> Judged:
+    """``scorer.score``, except that a judge reply that never parses costs only this question:
+    0 on the scorer's ``judge_metrics``, the other metrics as scored without a judge, and why
+    under :data:`UNJUDGED` in the detail."""
+    try:
+        return scorer.score(question, answer)
+    except JSONReplyError as exc:
+        scores = dict(make_scorer(scorer.bench, None).score(question, answer).scores)
+        scores.update(dict.fromkeys(scorer.judge_metrics, 0.0))
+        return Judged(scores, {UNJUDGED: str(exc)[:500]})

@@ -105,6 +105,7 @@ class Scorer:
 
     bench = "beam"
     metrics = ("beam_official", "beam_described", "ordering_f1", "ordering_final", "answer_f1")
+    judge_metrics = ("beam_official", "beam_described")  # 0 when its reply never parses
 
     def __init__(self, judge: LLMClient | None) -> None:
         self.judge = judge if judge is not None and judge.available("judge") else None

@@ -188,6 +188,7 @@ class Scorer:
 
     bench = "locomo"
     metrics = ("f1_official", "judge_correct", "f1_set", "bleu1")
+    judge_metrics = ("judge_correct",)  # 0 when its reply never parses
 
     def __init__(self, judge: LLMClient | None) -> None:
         self.judge = judge if judge is not None and judge.available("judge") else None

@@ -132,6 +132,7 @@ class Scorer:
 
     bench = "longmemeval"
     metrics = (METRIC, "answer_f1")
+    judge_metrics = (METRIC,)  # 0 when its reply never parses
 
     def __init__(self, judge: LLMClient | None) -> None:
         self.judge = judge if judge is not None and judge.available("judge") else None
