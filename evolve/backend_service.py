@@ -8,8 +8,9 @@ Invariants:
 - ``embed`` takes a list of strings only, at most :data:`MAX_EMBED_TEXTS` per call.
 - ``complete`` goes to the task LLM, counted under role ``task`` and stage ``<label>/memory``,
   at most ``max_calls`` per host request (the host enforces the same budget; this side does not
-  trust it to); with no task LLM (offline mode) it is refused with a
-  :class:`~contract.types.BackendError`.
+  trust it to), each prompt a string of at most :data:`MAX_PROMPT_CHARS` characters and each
+  reply at most :data:`MAX_REPLY_TOKENS` tokens; with no task LLM (offline mode), or past a
+  limit, it is refused with a :class:`~contract.types.BackendError` before any model is asked.
 - Any other method is refused.
 """
 
@@ -23,6 +24,8 @@ from evolve.models.llm import LLMClient
 from sandbox.wire import pack_array
 
 MAX_EMBED_TEXTS = 200_000
+MAX_PROMPT_CHARS = 128_000  # one backend.complete prompt (about 32k tokens)
+MAX_REPLY_TOKENS = 4096
 
 
 class BackendService:
@@ -53,12 +56,20 @@ class BackendService:
                 raise BackendError("backend.complete: no task LLM is configured (offline mode)")
             if self.calls >= self.max_calls:
                 raise BackendError(f"backend.complete: budget of {self.max_calls} calls spent")
+            prompt = header.get("prompt")
+            if type(prompt) is not str:
+                raise BackendError("backend.complete takes a string prompt")
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise BackendError(
+                    f"backend.complete: a prompt of {len(prompt):,} characters; at most "
+                    f"{MAX_PROMPT_CHARS:,}"
+                )
             self.calls += 1
             reply = self.llm.complete(
                 "task",
                 f"{self.stage}/memory",
-                str(header.get("prompt")),
-                max_tokens=min(int(header.get("max_tokens", 256)), 4096),
+                prompt,
+                max_tokens=min(int(header.get("max_tokens", 256)), MAX_REPLY_TOKENS),
             )
             return {"text": reply.text}, []
         raise ValueError(f"unknown backend method {method!r}")

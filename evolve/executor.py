@@ -27,6 +27,8 @@ Invariants:
   question keeps its ceiling.
 - A task set with no question, or whose conversations hold no message text, is refused before
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
+- A model call the run's caps refuse (:mod:`evolve.models.spendcap`) fails the evaluation
+  with :class:`~evolve.models.spendcap.SpendCapReached`: no report is made of it.
 - A question whose judge reply never parses scores 0 on the judged metrics and is marked
   (:data:`~evolve.scoring.answers.UNJUDGED`); ``meta.unjudged`` counts them.
 - Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
@@ -59,6 +61,7 @@ from evolve.datasets.types import Question, TaskSet
 from evolve.distributed import JobBackend, die_with_parent, make_backend
 from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
+from evolve.models.spendcap import SpendCapReached, is_spend_cap
 from evolve.models.usage import by_role
 from evolve.scoring import coverage
 from evolve.scoring.answers import UNJUDGED, AnswerScorer, Judged, make_scorer, score_answer
@@ -181,6 +184,9 @@ def evaluate(
             trace.question, trace.scores = item.question.question, scores
             traces.append(trace)
 
+    refused = next((t.error for t in traces if is_spend_cap(t.error)), None)
+    if refused:  # the run's caps refused a model call: no report of this evaluation
+        raise SpendCapReached(refused)
     answers = make_scorer(tasks.bench, judge)
     judged = answers.describe()["judge"] is not None
     fit = choose(tasks.bench, None if config.offline else config.task_model, judged, judge_variant)

@@ -210,6 +210,22 @@ def test_scripted_llm_does_not_import_litellm() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_cache_key_covers_the_server(tmp_path: Path) -> None:
+    """The same ``openai/<name>`` served by another server is another model: no cached reply of
+    the first server is returned for it; without an api_base, keys are as they were."""
+    cache = tmp_path / "cache.sqlite"
+
+    def client(base: str | None, reply: str) -> ScriptedLLM:
+        task = ModelConfig(model="openai/qwen", api_base=base)
+        return ScriptedLLM([reply], Models(task=task), cache_path=cache)
+
+    assert client("http://a:8000/v1", "from a").complete("task", "s", "hi").text == "from a"
+    other = client("http://b:8000/v1", "from b")
+    assert other.complete("task", "s", "hi").text == "from b" and other.transport_calls
+    again = client("http://a:8000/v1", "unused")
+    assert again.complete("task", "s", "hi").text == "from a" and not again.transport_calls
+
+
 def test_cache_key_covers_schema(tmp_path: Path) -> None:
     llm = ScriptedLLM(["a", "b"], cache_path=tmp_path / "c.db")
     llm.complete("task", "s", "p")

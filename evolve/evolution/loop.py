@@ -38,7 +38,11 @@ their questions carry that bench's native capabilities.
 
 Budget: before each round :meth:`~evolve.evolution.budget.Budget.stop_reason` is asked; when a
 cap would be passed the run stops cleanly (:attr:`Evolution.stopped`) and resumes later with a
-higher cap. Spend lives in the run's call log, so it is never reset.
+higher cap. Within a round the caps hold at every model call (:mod:`evolve.models.spendcap`,
+in-flight calls counted, in every process of the run): a call the caps refuse ends the round
+where it is — its children stay ``proposed``, nothing is filed from the refused evaluation —
+and the run stops the same way; the resumed run redoes that round. Spend lives in the run's
+call log, so it is never reset.
 
 Resume invariants: the state (``state.json``) holds the round counters and what each round
 spent, and is saved after each finished round (all its K children judged). Proposals are
@@ -81,6 +85,7 @@ from evolve.evolution.tpe import offline_proposer
 from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
+from evolve.models.spendcap import Caps, SpendCapReached, write_caps
 from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
@@ -236,6 +241,7 @@ class Evolution:
 
     def run(self) -> CandidateMeta:
         """Run every remaining round (or until a budget cap); returns the best program overall."""
+        write_caps(calls_path(self.store.root), Caps(self.config.max_usd, self.config.max_tokens))
         seed_source = Path(self.config.seed_program).read_text()
         seed = self.store.add_candidate(
             seed_source,
@@ -244,7 +250,10 @@ class Evolution:
             capability=None,
             message=f"seed {Path(self.config.seed_program).name}",
         )
-        self.evaluator.judge_all([(seed, None)], None)
+        try:
+            self.evaluator.judge_all([(seed, None)], None)
+        except SpendCapReached as exc:
+            raise EvalError(f"the seed could not be evaluated: {exc}") from None
         if self.store.get(seed.id).status != "evaluated":
             raise EvalError(f"the seed program failed: {self.store.get(seed.id).message}")
         state = self.store.load_state()
@@ -262,7 +271,12 @@ class Evolution:
                     return self._best()
                 money = f" · ${before.cost_usd:.4f}" if before.calls else ""
                 self.progress(f"{stage} {rounds.get(stage, 0) + 1}{money}", done, total)
-                self.round(stage, done, rounds.get(stage, 0))
+                try:
+                    self.round(stage, done, rounds.get(stage, 0))
+                except SpendCapReached as exc:  # mid-round: the round is redone on resume
+                    self.stopped = str(exc)
+                    self.store.log_event("budget_stop", reason=self.stopped, round=done)
+                    return self._best()
                 after = read_spend(self.store.root).total
                 costs.append({"usd": after.cost_usd - before.cost_usd,
                               "tokens": after.tokens - before.tokens})  # fmt: skip

@@ -3,7 +3,8 @@
 Owns :data:`CALLS_SCHEMA` (the table ``calls`` and, beside it, the request cache's table
 ``responses``: a client's log and cache may be one file), :func:`append` (how
 :class:`~evolve.models.llm.LLMClient` writes a call), :func:`read_rows` (how the run's spend is
-read back, :mod:`evolve.evolution.budget`) and :func:`damaged_log`.
+read back, :mod:`evolve.evolution.budget`), :func:`read_rows_after` (the calls since a given
+one, :mod:`evolve.models.spendcap`) and :func:`damaged_log`.
 
 Invariants:
 
@@ -72,6 +73,14 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     """Every call in the log at ``path``, oldest first, with the columns the log has."""
     with _damage_said(path), sqlite_connection(path, CALLS_SCHEMA) as conn:
         cursor = conn.execute("SELECT * FROM calls ORDER BY id")
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+
+def read_rows_after(path: Path, last_id: int) -> list[dict[str, Any]]:
+    """The calls logged after the one with id ``last_id`` (0: every call), oldest first."""
+    with _damage_said(path), sqlite_connection(path, CALLS_SCHEMA) as conn:
+        cursor = conn.execute("SELECT * FROM calls WHERE id > ? ORDER BY id", (last_id,))
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 

@@ -17,7 +17,11 @@ Invariants:
   when litellm has no price).
 - The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only,
   keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
-  json_schema, extra params without secret-named ones). Prompts are not stored, only their hash.
+  json_schema, extra params without secret-named ones, and ``api_base`` when one is set).
+  Prompts are not stored, only their hash.
+- A call that would reach a model is first admitted under the caps of the run it logs to
+  (:func:`evolve.models.spendcap.admit`, counted in flight until its record is logged); a
+  refusal raises :class:`~evolve.models.spendcap.SpendCapReached` and is not logged.
 - Each HTTP attempt holds one slot of the client's :class:`~evolve.models.limiter.Limiter`
   (the run's shared limit; none: unlimited) for the attempt only, never across a retry's sleep,
   and is abandoned after the timeout (the client's ``timeout``, else the model's) plus
@@ -69,7 +73,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from evolve.models import cache_transaction, calllog
+from evolve.models import cache_transaction, calllog, spendcap
 from evolve.models.attempts import Attempts, is_transient, within
 from evolve.models.calllog import CALLS_SCHEMA, LLMError
 from evolve.models.limiter import Limiter
@@ -270,18 +274,21 @@ class LLMClient:
             before_sleep=lambda state: _say_retry(state, f"{role}/{stage}", config),
             reraise=True,
         )
-        try:
-            reply = retrying(
-                self._attempt, counts, role, stage, config, msgs, json_schema, max_tokens
-            )
-        except Exception as exc:
-            error = _redact(f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}", config)
-            failed = Completion("", 0, 0, None, time.perf_counter() - began, False, config.model)
-            self._record(role, stage, failed, key, error, counts, repair)
-            raise LLMError(error) from None
-        reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
-        self._cache_put(key, reply)
-        self._record(role, stage, reply, key, None, counts, repair)
+        with spendcap.admit(self.log_path):  # the run's caps, this call counted in flight
+            try:
+                reply = retrying(
+                    self._attempt, counts, role, stage, config, msgs, json_schema, max_tokens
+                )
+            except Exception as exc:
+                error = f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}"
+                error = _redact(error, config)
+                failed = Completion("", 0, 0, None, time.perf_counter() - began, False,
+                                    config.model)  # fmt: skip
+                self._record(role, stage, failed, key, error, counts, repair)
+                raise LLMError(error) from None
+            reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
+            self._cache_put(key, reply)
+            self._record(role, stage, reply, key, None, counts, repair)
         return reply
 
     def _attempt(
@@ -431,6 +438,8 @@ class LLMClient:
     ) -> str:
         extra = {k: v for k, v in config.extra.items() if not is_secret_name(k)}
         payload = [config.model, messages, config.temperature, max_tokens, json_schema, extra]
+        if config.api_base is not None:  # another server may serve another model by this name
+            payload.append({"api_base": config.api_base})
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
