@@ -353,3 +353,40 @@ def test_folders_of_runs_long_gone_are_removed_but_not_one_in_use(
         shared_limiter(tmp_path / "new-run.sqlite", 2)
     assert not first.root.exists()
     assert held.root.is_dir() and recent.root.is_dir()
+
+
+def _take_a_slot(root: Path) -> None:
+    with Limiter(root, 2).slot():
+        pass
+
+
+def test_a_folder_that_is_not_private_is_refused_and_links_are_never_followed(
+    tmp_path: Path,
+) -> None:
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)  # another user could have made it, or put files in it
+    with pytest.raises(PermissionError, match="mode 777"):
+        _take_a_slot(open_to_all / "run")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (private / "linked").symlink_to(elsewhere)
+    with pytest.raises(PermissionError, match="not a folder"):
+        _take_a_slot(private / "linked")
+    planted = private / "run"
+    planted.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    for i in range(2):
+        (planted / f"slot-{i}.lock").symlink_to(victim)
+    with pytest.raises(OSError):
+        _take_a_slot(planted)
+    assert not victim.exists()  # the link was not followed
+    if os.getuid() == 0:  # a folder owned by someone else
+        theirs = private / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 4321, -1)
+        with pytest.raises(PermissionError, match="uid 4321"):
+            _take_a_slot(theirs / "run")
+    _take_a_slot(private / "fine")  # a private folder of one's own works

@@ -26,6 +26,11 @@ Invariants:
 - A 429 sets the shared "not before" time to now + its ``Retry-After`` (or
   :data:`DEFAULT_BACKOFF_S` without one); no process starts a request before it. The time only
   moves forward. A state untouched for :data:`STALE_S` seconds is read as fresh (full window).
+- The folders are private: ``prismem-llm-<uid>`` and each limiter folder in it are made with
+  mode 0700 (one others may only read is closed to 0700); a folder that is a link, belongs to
+  another user or that others may write to is refused (:func:`private_dir`,
+  :class:`PermissionError`) before any file in it is opened, and files are opened with
+  ``O_NOFOLLOW``, so a planted link is never followed.
 - The state is read under a shared and written under an exclusive ``flock`` of ``state``;
   within a process, one lock serialises every use of the limiter's descriptors, so it is safe
   to use from many threads.
@@ -38,6 +43,7 @@ import fcntl
 import hashlib
 import os
 import random
+import stat
 import struct
 import tempfile
 import threading
@@ -149,8 +155,10 @@ class Limiter:
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root / name, os.O_RDWR | os.O_CREAT, 0o600)
+            if not self._fds:  # the first file of this process: the folders are checked first
+                for folder in (self.root.parent, self.root):
+                    private_dir(folder)
+            fd = os.open(self.root / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             self._fds[name] = fd
         return fd
 
@@ -222,7 +230,8 @@ def _sweep(parent: Path, keep: Path) -> None:
     folder anew). A folder another process is sweeping or using is left alone."""
     cutoff = time.time() - FORGET_S
     try:
-        folders = [p for p in parent.iterdir() if p.is_dir() and p != keep]
+        folders = [p for p in parent.iterdir()
+                   if p.is_dir() and not p.is_symlink() and p != keep]  # fmt: skip
     except OSError:  # no parent yet
         return
     for folder in folders:
@@ -239,9 +248,30 @@ def _sweep(parent: Path, keep: Path) -> None:
             continue
 
 
+def private_dir(path: Path) -> None:
+    """Make ``path`` (mode 0700) unless it exists; refuse it, with PermissionError, unless it
+    is a real folder (not a link) owned by this user that no one else could write to; one that
+    others may only read or enter (an older version's 0755) is closed to 0700."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise PermissionError(f"LLM limiter: {path} is not a folder (a link?); remove it")
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(
+            f"LLM limiter: {path} belongs to uid {info.st_uid} with mode "
+            f"{stat.S_IMODE(info.st_mode):o}; it must be yours and writable by you only: "
+            "remove it"
+        )
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700, follow_symlinks=False)
+
+
 def _held(path: Path) -> bool:
     """Whether some process holds the slot lock file at ``path`` now."""
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
