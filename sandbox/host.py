@@ -14,9 +14,10 @@ get restricted builtins (:func:`restricted_builtins`): no ``open``/``exec``/``ev
 ``compile``, and an ``__import__`` that admits only the allow-listed modules of
 :mod:`sandbox.static`.
 
-Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe`` (the sandbox tiers, see
-:mod:`sandbox.tiers`) and ``units``, ``query``, ``index``, ``restore``, ``retrieve`` (evaluation;
-see :mod:`evolve.worker`). Every answer is one frame of kind ``result`` or ``error``; while
+Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe_run`` (the sandbox tiers, see
+:mod:`sandbox.tiers` and :mod:`sandbox.probe`) and ``units``, ``query``, ``open``, ``add``,
+``dump``, ``index`` (open, add every session, dump), ``restore``, ``retrieve`` (evaluation; see
+:mod:`evolve.session`). Every answer is one frame of kind ``result`` or ``error``; while
 handling a request the host may send ``backend`` frames and waits for their answers. An
 ``error`` frame carries ``type`` (the exception's class), ``error`` (one line for a model),
 ``line`` (the program line it came from, or null) and ``rule`` (``contract``, the tier's name

@@ -105,7 +105,7 @@ BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this 
 
 _MIB = 1 << 20
 # The most a host's answer to each request may carry (JSON and blobs together); others: 1 MiB.
-FRAME_BYTES = {"units": 256 * _MIB, "index": MAX_STATE_BYTES + _MIB}
+FRAME_BYTES = {"units": 256 * _MIB, "index": MAX_STATE_BYTES + _MIB, "dump": MAX_STATE_BYTES + _MIB}
 SMALL_FRAME_BYTES = _MIB
 BACKEND_FRAME_BYTES = 64 * _MIB  # a backend request: texts to embed, a prompt
 

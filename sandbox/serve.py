@@ -170,23 +170,40 @@ class Server:
             query = hook(query, question)
         return _record_dict(query, cls, ns), []
 
-    def op_index(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        """Build the memory from every session's units; return its state when it can be stored."""
+    def op_open(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """A new, empty memory: it grows one session at a time (:meth:`op_add`)."""
         program = self._program()
-        cls = program.memory_unit
         self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
-        memory = program.get("Memory")(self.backend)
-        for seg, records in zip(req["segments"], req["units"], strict=True):
-            self.backend.calls = 0
-            units = [_handed(cls, r) for r in records]
-            if memory.index(units, segment_from(seg)) is not None:
-                raise TypeError("Memory.index must return None")
-        self.memory = memory
+        self.memory = program.get("Memory")(self.backend)
+        return None, []
+
+    def op_add(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Index one session's units into the live memory (sessions come in order)."""
+        if self.memory is None or self.backend is None:
+            raise RuntimeError("no memory opened")
+        cls = self._program().memory_unit
+        self.backend.calls = 0
+        units = [_handed(cls, r) for r in req["units"]]
+        if self.memory.index(units, segment_from(req["segment"])) is not None:
+            raise TypeError("Memory.index must return None")
+        return None, []
+
+    def op_dump(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """The live memory's state, when it can be stored (:mod:`contract.state`)."""
+        if self.memory is None or self.backend is None:
+            raise RuntimeError("no memory opened")
         try:
-            state = dump_state(memory, program.module.__name__, self.backend)
+            state = dump_state(self.memory, self._program().module.__name__, self.backend)
         except Exception as exc:  # not storable: the optimizer will rebuild it next time
             return {"stored": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, []
         return {"stored": True}, [state]
+
+    def op_index(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """Build the memory from every session's units at once (open, add each, dump)."""
+        self.op_open(req, [])
+        for seg, records in zip(req["segments"], req["units"], strict=True):
+            self.op_add({"segment": seg, "units": records}, [])
+        return self.op_dump(req, [])
 
     def op_restore(self, req: dict[str, Any], blobs: list[bytes]) -> tuple[Any, list[bytes]]:
         program = self._program()
