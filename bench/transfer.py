@@ -11,12 +11,12 @@ folder holds, one ``evolve compare --json`` per dataset:
 - BEAM-1M test (``--split test``, every conversation present),
 - LoCoMo (``--bench locomo --split all``: the full file or the one-conversation sample).
 
-A run evolves on BEAM-100K train and valid and may guard on the LoCoMo sample (its default
-guards), so the LoCoMo row shows that the guard held, not that the program transfers; the
-BEAM-500K and BEAM-1M rows are data no run reads. BEAM-10M is left out (about 100M tokens to
-encode on first use). It prints, per dataset, the start's coverage and ceiling, each seed's
-best and gain, and the gains' mean, standard deviation and range; ``--json FILE`` also writes
-every figure. ``--conversations N`` scores BEAM-500K and BEAM-1M on their first N
+A run evolves on BEAM-100K train and valid; its default guards read the LoCoMo sample and the
+first BEAM-500K conversation, so the LoCoMo row shows that a guard held, not that the program
+transfers. BEAM-1M and the other BEAM-500K conversations are data no run reads. BEAM-10M is
+left out (about 100M tokens to encode on first use). It prints, per dataset, the start's
+coverage and ceiling, each seed's best and gain, and the gains' mean, standard deviation and
+range; ``--json FILE`` also writes every figure. ``--conversations N`` scores BEAM-500K and BEAM-1M on their first N
 conversations only, and says so in each row's name.
 
 ``--work DIR`` keeps the runs, bests and a ``transfer.json`` in DIR; given a DIR that already

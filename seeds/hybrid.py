@@ -11,9 +11,10 @@ gives each unit its best chunk's score times its role weight plus a recency prio
 What counts as relevant reads that score alone: the hits are the TOP_K best units at or above
 MIN_SCORE and at or above RELATIVE_FLOOR times the query's best unit score. Length never
 decides which units are hits, only the order they are packed in: by the score less
-LENGTH_PENALTY times the natural log of the unit's characters, so that in a fixed budget one
-long hit no longer displaces several short ones, while a short unit that is not a hit is never
-packed for being short. The hits are then optionally re-ordered by maximal marginal relevance
+LENGTH_PENALTY times the natural log of the unit's characters (at least SHORT_CHARS: among
+hits that short, the score alone decides), so that in a fixed budget one long hit no longer
+displaces several short ones, while a short unit that is not a hit is never packed for being
+short. The hits are then optionally re-ordered by maximal marginal relevance
 (MMR_LAMBDA < 1), at most SESSION_CAP of them kept per session, NEIGHBOURS adjacent units of
 the same session added after each hit, and the result packed within the character budget in
 that order (a block that does not fit is skipped, the next tried); CHRONOLOGICAL then lists
@@ -23,9 +24,9 @@ RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of the unit on either 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
 The offline proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
 marked ``(format)``: the offline fitness reads which evidence reached the context, not the
-dates or the order a reader gets it in. The defaults are the
-seed's original behaviour (no expansion, no prior, no relative floor, no length penalty, no cap,
-no overlap, whole units by relevance).
+dates or the order a reader gets it in. The defaults are the seed's original behaviour (no
+expansion, no prior, no relative floor, no length penalty, no cap, no overlap, whole units by
+relevance).
 """
 
 import re
@@ -55,6 +56,7 @@ CHUNK_OVERLAP = 0  # characters shared by consecutive chunks, at most half a chu
 RARE_TERMS = 0  # the query's rarest words appended to it; 0 = no expansion (range 0-8)
 RECENCY_WEIGHT = 0.0  # score bonus of the last unit, linear in position from 0 (range 0.0-0.3)
 RELATIVE_FLOOR = 0.0  # hits score at least this share of the query's best unit (range 0.0-0.9)
+SHORT_CHARS = 0  # a hit this short or shorter packs as if this long (range 0-2000)
 LENGTH_PENALTY = 0.0  # pack hits by score minus this times ln(unit characters) (range 0.0-0.5)
 
 EXTRACTION_INSTRUCTION = (
@@ -176,8 +178,10 @@ class Memory:
         return [int(i) for i in best if unit_scores[i] >= floor]
 
     def _by_density(self, hits, unit_scores):
-        """The hits in packing order: by score less LENGTH_PENALTY * ln(characters)."""
-        chars = np.array([max(len(self.units[i].content), 1) for i in hits], dtype=np.float64)
+        """The hits in packing order: by score less LENGTH_PENALTY * ln(characters), a hit
+        shorter than SHORT_CHARS counted as SHORT_CHARS long (among such hits, score decides)."""
+        chars = [max(len(self.units[i].content), SHORT_CHARS, 1) for i in hits]
+        chars = np.array(chars, dtype=np.float64)
         key = unit_scores[hits] - LENGTH_PENALTY * np.log(chars)
         return [hits[j] for j in np.argsort(-key, kind="stable")]
 

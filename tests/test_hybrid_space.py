@@ -61,12 +61,14 @@ NEW = {
     "RARE_TERMS": {"RARE_TERMS": 1, "LEXICAL_WEIGHT": 0.0, "TOP_K": 1},
     "RECENCY_WEIGHT": {"RECENCY_WEIGHT": 0.3},
     "RELATIVE_FLOOR": {"RELATIVE_FLOOR": 0.9},
+    "SHORT_CHARS": {"SHORT_CHARS": 100, "LENGTH_PENALTY": 0.5, "TOP_K": 6, "CHUNK_CHARS": 200},
     "LENGTH_PENALTY": {"LENGTH_PENALTY": 0.5},
 }
 BASE = {"RETURN_CHUNK": {"CHUNK_CHARS": 200},
         "CHUNK_CONTEXT": {"RETURN_CHUNK": True, "CHUNK_CHARS": 200},
         "CHUNK_OVERLAP": PASSAGES,
-        "RARE_TERMS": {"LEXICAL_WEIGHT": 0.0, "TOP_K": 1}}  # fmt: skip
+        "RARE_TERMS": {"LEXICAL_WEIGHT": 0.0, "TOP_K": 1},
+        "SHORT_CHARS": {"LENGTH_PENALTY": 0.5, "TOP_K": 6, "CHUNK_CHARS": 200}}  # fmt: skip
 
 
 def test_new_tunables_are_declared_with_neutral_defaults() -> None:
@@ -75,7 +77,7 @@ def test_new_tunables_are_declared_with_neutral_defaults() -> None:
         assert named[name].declared, name
     defaults = {"RETURN_CHUNK": False, "CHRONOLOGICAL": False, "SESSION_CAP": 0,
                 "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0,
-                "RELATIVE_FLOOR": 0.0, "LENGTH_PENALTY": 0.0}  # fmt: skip
+                "RELATIVE_FLOOR": 0.0, "SHORT_CHARS": 0, "LENGTH_PENALTY": 0.0}  # fmt: skip
     assert {n: named[n].value for n in defaults} == defaults
 
 
@@ -146,6 +148,18 @@ def test_relative_floor_keeps_hits_near_the_best() -> None:
     assert 1 <= len(near) < len(every) and near == every[: len(near)]
 
 
+def test_short_chars_lets_the_score_order_short_hits() -> None:
+    # "zhivago called" is shorter than the better hit "my dentist is doctor zhivago ...": the
+    # penalty packs it first; with SHORT_CHARS 100 both count as 100 characters long, so the
+    # score orders the short hits again, and only the long unit (891 characters) is pushed back
+    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False, "TOP_K": 6}
+    plain = retrieve("dentist zhivago", **at).split("\n\n")
+    short = [b for b in plain if len(b) <= 100]
+    penalised = retrieve("dentist zhivago", LENGTH_PENALTY=0.5, **at).split("\n\n")
+    floored = retrieve("dentist zhivago", LENGTH_PENALTY=0.5, SHORT_CHARS=100, **at)
+    assert len(short) == 5 and penalised[:5] != short and floored.split("\n\n")[:5] == short
+
+
 def seed_selection(constants: dict[str, Any], unit_scores: np.ndarray) -> list[int]:
     """The hybrid seed's hit selection as first written: the TOP_K best units by score among
     those at or above MIN_SCORE, best first. Its defaults must still select this way."""
@@ -195,6 +209,8 @@ def test_extreme_settings_pass_the_sandbox() -> None:
                      ("RARE_TERMS = 0", "RARE_TERMS = 8"), ("SESSION_CAP = 0", "SESSION_CAP = 1"),
                      ("CHRONOLOGICAL = False", "CHRONOLOGICAL = True"),
                      ("RECENCY_WEIGHT = 0.0", "RECENCY_WEIGHT = 0.3"),
+                     ("RELATIVE_FLOOR = 0.0", "RELATIVE_FLOOR = 0.9"),
+                     ("SHORT_CHARS = 0", "SHORT_CHARS = 2000"),
                      ("LENGTH_PENALTY = 0.0", "LENGTH_PENALTY = 0.5")]:  # fmt: skip
         assert old in extreme
         extreme = extreme.replace(old, new)

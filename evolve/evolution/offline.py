@@ -82,7 +82,10 @@ SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
 # USER_WEIGHT 1.0 -> 1.25 (+7.2 pp) and ASSISTANT_WEIGHT 0.9 -> 0.7 (+8.1 pp), the role weights
 # gaining on every capability (F least: +0.9 pp); RARE_TERMS 0 -> 4 is +5.5 pp on P. The old
 # guesses (more neighbours, more diversity, a higher floor, a larger TOP_K, a heavier lexical
-# weight, smaller chunks) gained nothing or lost 0.6-12.9 pp.
+# weight, smaller chunks) gained nothing or lost 0.6-12.9 pp. LENGTH_PENALTY was measured when
+# it also chose which units were hits; it now orders only their packing (docs/performance.md,
+# "Length orders packing, not relevance"), which scores within 0.4 pp of that on train's first
+# 2 conversations and loses nothing on LoCoMo's short turns, so the table stands.
 GUIDANCE: dict[str, tuple[tuple[str, int], ...]] = {
     "F": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),  # nothing gains F more
     "T": (("LENGTH_PENALTY", 1), ("ASSISTANT_WEIGHT", -1), ("USER_WEIGHT", 1)),
