@@ -29,9 +29,9 @@ KEY_PREFIX = "guard:"  # a candidate's scores key of a guard: KEY_PREFIX + Guard
 # The guards a new run on a bench gets when --guard is not given (a bench not named: none).
 # BEAM: the LoCoMo sample (its one conversation, conv-26: other speakers, other question
 # kinds) and the first BEAM-500K conversation of the shipped `guard` split (five times
-# longer histories than BEAM-100K). One conversation each keeps the default run's cold start
-# within its time goal: the seed encodes the 500K one once (stage reuse serves every later
-# candidate's extraction and index), docs/design.md "Guard sets".
+# longer histories than BEAM-100K). One conversation each, the least that still guards: the seed
+# encodes the 500K one once (stage reuse serves every later candidate's index), and that is the
+# cold run's longest single job (docs/design.md, "Guard sets").
 DEFAULT_GUARDS: dict[str, tuple[str, ...]] = {"beam": ("locomo:all@1", "beam:guard@1")}
 _SPEC = re.compile(r"^(?P<bench>[a-z0-9_]+):(?P<split>[A-Za-z0-9_:.-]+?)(?:@(?P<n>[0-9]+))?$")
 
