@@ -11,9 +11,11 @@ Invariants:
   thread, in item order: exactly a sequential loop. Otherwise every item runs even when one
   fails, and the exception of the first failing item *in item order* is raised, the one a
   sequential loop would have raised first.
-- :class:`Turns` lets task ``k`` in only after tasks ``0 .. k-1`` have left, so whatever runs
-  inside the section runs in the order a sequential run gives it; a task must pass its turn
-  exactly once (leaving the ``with`` block passes it, also on an exception).
+- :class:`Turns` lets task ``k`` in only after tasks ``0 .. k-1`` have passed their turns, so
+  whatever runs inside the section runs in the order a sequential run gives it. Leaving the
+  ``with`` block passes the turn (also on an exception); a task that never enters (it failed
+  before its section) passes it with :meth:`Turns.pass_turn`, and passing again is a no-op,
+  so a caller passes every task's turn when the task ends, whatever happened.
 - :class:`WallClock` attributes every instant to exactly one of ``model_wait`` (some model call
   in flight), ``sandbox`` (else: the program's host computing) and ``local`` (else), so the
   three sum to the clock's wall time.
@@ -59,19 +61,31 @@ class Turns:
     """Numbered tasks ``0, 1, 2, ...`` enter ``with turns.turn(k):`` one at a time, in order."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next = 0  # the first task whose turn has not passed
+        self._passed: set[int] = set()  # tasks past _next that passed early (never entered)
         self._cond = threading.Condition()
 
     @contextmanager
     def turn(self, k: int) -> Iterator[None]:
         with self._cond:
-            self._cond.wait_for(lambda: self._next == k)
+            self._cond.wait_for(lambda: self._next >= k)
+            if self._next > k:
+                raise RuntimeError(f"task {k} entered after passing its turn")
         try:
             yield
         finally:
-            with self._cond:
-                self._next = k + 1
-                self._cond.notify_all()
+            self.pass_turn(k)
+
+    def pass_turn(self, k: int) -> None:
+        """Task ``k`` is done with its turn (entered or not); the next waiting task may enter."""
+        with self._cond:
+            if k < self._next:
+                return
+            self._passed.add(k)
+            while self._next in self._passed:
+                self._passed.discard(self._next)
+                self._next += 1
+            self._cond.notify_all()
 
 
 class WallClock:

@@ -491,7 +491,8 @@ def run_conversation(
             trace = run.question(questions[k], turns.turn(k))
             run.notify("question")
             return trace
-        finally:
+        finally:  # also when the question failed before its host section
+            turns.pass_turn(k)
             finished[k].set()
 
     try:
