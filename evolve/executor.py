@@ -239,6 +239,12 @@ def evaluate(
             "metrics": metrics,
             "hit_threshold": scorer.hit_threshold,
             "errors": sum(1 for t in traces if t.error),
+            # conversation -> why its built memory could not be stored (rebuilt every time)
+            "unstored_memory": {
+                r.conversation_id: r.notes["index_unstored"]
+                for r in results.values()
+                if "index_unstored" in r.notes
+            },
             "unjudged": sum(1 for t in traces if UNJUDGED in (t.judged or {})),
             "seconds": round(time.perf_counter() - started, 3),
             "time": _time_split(results.values(), judging),
@@ -362,7 +368,7 @@ def _failed(conv_id: str, questions: list[Question], error: str) -> Conversation
 
 
 def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
-    outcomes = ("computed", "reused", "failed", "skipped", "invalid")
+    outcomes = ("computed", "reused", "failed", "skipped", "invalid", "unstored")
     total = {c: dict.fromkeys(outcomes, 0) for c in COMPONENTS}
     for counters in all_counters:
         for stage, counts in counters.items():

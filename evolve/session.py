@@ -16,9 +16,11 @@ Invariants:
 - A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
   checks each read, and a memory state the program cannot restore counts too): a bad entry is
   recomputed, overwritten and counted (``invalid``, besides ``computed``).
-- Only successful outputs are stored; a program error, an LLM failure, a dead or hung host or
-  an unpicklable memory leaves the store untouched and is recorded in the trace (``error``)
-  and counters (``failed``). After the host dies, the conversation's remaining questions fail
+- Only successful outputs are stored; a program error, an LLM failure, a dead or hung host
+  leaves the store untouched and is recorded in the trace (``error``) and counters
+  (``failed``). A memory built but not storable (its state does not pickle) is counted
+  (``index``: ``unstored``) and the host's reason kept (``ConversationResult.notes``).
+  After the host dies, the conversation's remaining questions fail
   with the same reason.
 - LLM outputs are validated once, here, against the schemas the host rendered from the program
   (:func:`contract.records.conform`); the host builds records from them without checking again,
@@ -99,6 +101,7 @@ class ConversationResult:
     seconds: dict[str, float] = field(default_factory=dict)
     embedding: dict[str, float] = field(default_factory=dict)  # the embedder's stats for this job
     time: dict[str, float] = field(default_factory=dict)  # the WallClock split of its wall time
+    notes: dict[str, str] = field(default_factory=dict)  # index_unstored: why no state was stored
 
 
 class ConversationSession:
@@ -124,7 +127,7 @@ class ConversationSession:
         self._lock = threading.RLock()  # the host (start, calls), counters and stage seconds
         self._local = threading.local()  # per thread: seconds in nested timed sections
         self.counters = {
-            c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0}
+            c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0, "unstored": 0}
             for c in COMPONENTS
         }
         self.seconds = dict.fromkeys(COMPONENTS, 0.0)
@@ -135,6 +138,7 @@ class ConversationSession:
         self._schemas: dict[str, Any] = {}
         self._instructions: dict[str, str] = {}  # component -> the value the program holds
         self._memory_ready = False
+        self.notes: dict[str, str] = {}  # what the conversation's report should say
         self.notify: Callable[[str], None] = lambda event: None  # progress (run_conversation)
 
     # -- the host ------------------------------------------------------------------------
@@ -316,6 +320,10 @@ class ConversationSession:
         self.notify("indexed")
         if isinstance(result, dict) and result.get("stored") and blobs:
             self.store.put_bytes("index", self.index_key, blobs[0])
+        else:  # built, but not storable: every later evaluation rebuilds it; say why
+            self.count("index", "unstored")
+            why = result.get("reason") if isinstance(result, dict) else None
+            self.notes["index_unstored"] = str(why or "the host sent no state")[:300]
 
     def count_untouched(self) -> None:
         """Extraction and indexing never ran because every retrieval was cached: count what the
@@ -503,7 +511,14 @@ def run_conversation(
     usage = [asdict(r) for r in run.llm.drain_records()] if run.llm else []
     embedding = asdict(run.embedder.stats)
     return ConversationResult(
-        conv.id, traces, run.counters, usage, run.seconds, embedding, run.clock.seconds()
+        conv.id,
+        traces,
+        run.counters,
+        usage,
+        run.seconds,
+        embedding,
+        run.clock.seconds(),
+        run.notes,
     )
 
 

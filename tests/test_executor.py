@@ -154,6 +154,20 @@ def test_unpicklable_memory_is_rebuilt_not_reused(tasks: TaskSet, tmp_path: Path
     assert computed(report, "index") == 1 and computed(report, "extract") == 0
 
 
+def test_an_unstorable_memory_is_counted_with_its_reason(tasks: TaskSet, tmp_path: Path):
+    cache = tmp_path / "cache"
+    old = "        self.parts: list[np.ndarray] = []\n"
+    path = variant(tmp_path, "lam", old, old + "        self.key = lambda x: x\n")
+    child = variant(tmp_path, "lam2", "TOP_K = 200", "TOP_K = 5", path.read_text())
+    for program in (path, child):  # the child builds it again: counted again, with the reason
+        report = run(program, tasks, cache)
+        assert report["stages"]["index"]["unstored"] == computed(report, "index") == 1
+        [(conv, why)] = report["meta"]["unstored_memory"].items()
+        assert conv == tasks.conversations[0].id and "lambda" in why.lower()
+    stored = run(variant(tmp_path, "plain", "TOP_K = 200", "TOP_K = 199"), tasks, cache)
+    assert stored["stages"]["index"]["unstored"] == 0 and stored["meta"]["unstored_memory"] == {}
+
+
 def test_contract_violation_is_refused_before_evaluation(tasks: TaskSet, tmp_path: Path):
     path = variant(
         tmp_path, "noinstr", "PLANNING_INSTRUCTION = (", 'PLANNING_INSTRUCTION = "" and ('
