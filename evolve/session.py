@@ -113,11 +113,11 @@ class ConversationSession:
         self.path = path
         self.config = config
         self.conv = conv
-        self.store = StageStore(Path(config.cache_dir) / "stages", reuse=config.reuse,
+        version = evaluator_version()
+        self.store = StageStore(Path(config.cache_dir) / "stages", version=version,
+                                reuse=config.reuse,
                                 on_invalid=lambda stage: self.count(stage, "invalid"))  # fmt: skip
-        self.keys = StageKeys(
-            fingerprints(source), config.model_sig, config.embedder, evaluator_version()
-        )
+        self.keys = StageKeys(fingerprints(source), config.model_sig, config.embedder, version)
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)
         self.service = BackendService(

@@ -5,7 +5,8 @@ Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerp
 1. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
    the model signature, the evaluator version and a digest of the input data, so a key changes
    whenever anything that could change the output changes.
-2. :class:`StageStore` — an on-disk store of stage outputs, each written by
+2. :class:`StageStore` — an on-disk store of stage outputs, one folder per evaluator version
+   under each stage (:func:`stale_folders` and :func:`stage_usage` find the others), each written by
    :func:`evolve.files.write_atomic`. Memory state is stored as the bytes of
    :mod:`contract.state` (pickled and unpickled only in the sandbox host). Failures are never
    stored. Every read checks the shape of what it reads (:data:`SHAPES`: extract a list of unit
@@ -87,8 +88,54 @@ def _complete_pickle(data: bytes) -> bool:
         return False
 
 
+def version_folder(version: str) -> str:
+    """The folder under each stage that holds the entries of evaluator version ``version``
+    (``""``: none, the entries lie directly under the stage, as tests may keep them)."""
+    return f"v-{version[:16]}" if version else ""
+
+
+@dataclass(frozen=True)
+class StageUsage:
+    """What a stage store holds on disk: bytes and entries of the current evaluator version, and
+    of every other one (which no current evaluator can read)."""
+
+    current_bytes: int = 0
+    current_entries: int = 0
+    stale_bytes: int = 0
+    stale_entries: int = 0
+
+
+def _tree(path: Path) -> tuple[int, int]:
+    files = [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+    return sum(f.stat().st_size for f in files), len(files)
+
+
+def stale_folders(root: Path, version: str) -> list[Path]:
+    """The folders under ``root``'s stages that hold entries no evaluator of ``version`` reads:
+    other versions' folders and entries of the layout before version folders (two-character
+    key prefixes directly under a stage)."""
+    keep = version_folder(version)
+    out: list[Path] = []
+    for stage in sorted(p for p in Path(root).glob("*") if p.is_dir() and not p.is_symlink()):
+        out += [p for p in sorted(stage.iterdir()) if p.is_dir() and p.name != keep]
+    return out
+
+
+def stage_usage(root: Path, version: str) -> StageUsage:
+    """Bytes and entries under ``root`` readable by ``version`` and not (:func:`stale_folders`)."""
+    stale = [_tree(p) for p in stale_folders(root, version)]
+    current = [_tree(stage / version_folder(version)) for stage in Path(root).glob("*")
+               if (stage / version_folder(version)).is_dir()]  # fmt: skip
+    return StageUsage(sum(b for b, _ in current), sum(n for _, n in current),
+                      sum(b for b, _ in stale), sum(n for _, n in stale))  # fmt: skip
+
+
 class StageStore:
     """Stage outputs on disk: JSON for records and texts, bytes for memory state.
+
+    Entries live in one folder per evaluator version under each stage (``version``:
+    :func:`evolve.session.evaluator_version`, which every key carries too), so the entries no
+    current evaluator reads can be found and pruned (``evolve cache``; :func:`stale_folders`).
 
     With ``reuse=False`` the store still writes every output (so trusted-side readers such as
     compact cases find them) but reads back only what this instance wrote: nothing computed by
@@ -101,15 +148,17 @@ class StageStore:
         self,
         root: Path,
         *,
+        version: str = "",
         reuse: bool = True,
         on_invalid: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
+        self.folder = version_folder(version)  # entries of this evaluator version live here
         self._own: set[Path] | None = None if reuse else set()
         self._on_invalid = on_invalid or (lambda _stage: None)
 
     def _path(self, stage: str, key: str, suffix: str) -> Path:
-        return self.root / stage / key[:2] / f"{key}{suffix}"
+        return self.root / stage / self.folder / key[:2] / f"{key}{suffix}"
 
     def _readable(self, path: Path) -> bool:
         return self._own is None or path in self._own

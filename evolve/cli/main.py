@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from rich.markup import escape
 
-from evolve.cli import deliver, inspect, run
+from evolve.cli import cache, deliver, inspect, run
 from evolve.cli import eval as eval_commands
 from evolve.cli.common import Parser, UsageError, check_settings, err, report_damage
 from evolve.config import ConfigError
@@ -40,6 +40,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     **{name: inspect.dispatch for name in inspect.COMMANDS},
     **{name: deliver.dispatch for name in deliver.COMMANDS},
     "data": eval_commands.cmd_fetch,
+    "cache": cache.cmd_cache,
 }
 
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_commands(sub)
     deliver.add_commands(sub)
     eval_commands.add_data(sub)
+    cache.add_command(sub)
     for name in ISOLATED:
         sub.choices[name].add_argument(
             "--isolation",

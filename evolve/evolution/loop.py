@@ -391,7 +391,7 @@ class Evolution:
         store (trusted side), under the program's own extraction keys."""
         fps = fingerprints(source)
         keys = StageKeys(fps, self.worker.model_sig, self.config.embedder, evaluator_version())
-        stages = StageStore(Path(self.config.cache_dir) / "stages")
+        stages = StageStore(Path(self.config.cache_dir) / "stages", version=keys.evaluator)
         convs = {c.id: c for c in self.tasks("train").conversations}
 
         def units(conv_id: str, i: int) -> list[dict[str, Any]] | None:
