@@ -52,7 +52,7 @@ from evolve.evolution.archive import MARGIN
 from evolve.evolution.budget import estimate, read_spend
 from evolve.evolution.manifest import build_manifest
 from evolve.evolution.offline import rebuild_names
-from evolve.evolution.store import RunNotFound, RunStore
+from evolve.evolution.store import RunLocked, RunNotFound, RunStore
 from evolve.evolution.summary import transfer, transfer_lines
 from evolve.models.llm import LLMError
 from evolve.resources import seed_file
@@ -372,6 +372,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_tasks(config)
     store = _open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
+    try:
+        store.lock()  # one process per run, for this process's life
+    except RunLocked as exc:
+        raise UsageError(str(exc)) from None
     seed = Path(config.seed_program).name
     if config.coder_model is None:
         err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "

@@ -8,6 +8,7 @@ Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
     candidates/<id>.json   its :class:`CandidateMeta`
     candidates/<id>.<split>.jsonl.gz   its per-question traces on a split (train), for diagnosis
     claims/c<NNNN>         empty; created with O_EXCL to reserve candidate number NNNN
+    run.lock               held (flock) by the one process evolving the run; holds its PID
     index.sqlite           table ``events`` (a run from before may also hold a ``candidates``
                            table; nothing reads it)
 
@@ -22,9 +23,10 @@ Invariants:
 - A candidate exists iff its ``.json`` exists. :meth:`RunStore.add_candidate` writes the ``.py``,
   then the ``.json``, both before it returns.
 - The files are the truth and every read of a candidate goes to them. Events live only in
-  SQLite: losing ``index.sqlite`` loses the event log, never a candidate or the state. An index
-  SQLite calls corrupt is moved aside (``index.sqlite.corrupt-<time>``) and a fresh one started,
-  said once.
+  SQLite, and a resume reads them (a round's own children are found by their ``proposed``
+  events): losing ``index.sqlite`` loses the event log, never a candidate or the state, but a
+  resume then cannot tell an interrupted round's children from earlier candidates. An index SQLite calls corrupt is moved
+  aside (``index.sqlite.corrupt-<time>``) and a fresh one started, said once.
 - Damaged files never take a run down: each is reported, never fatal. A candidate is read only
   if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
   (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips
@@ -36,6 +38,10 @@ Invariants:
 - Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
   by exclusively creating its claim file, so two writers cannot take the same number; a crash
   after the claim leaves a gap in the numbering, never a reused number.
+- One process evolves a run at a time: :meth:`RunStore.lock` takes an exclusive ``flock`` on
+  ``run.lock`` for the process's life (the kernel releases it when the process dies, ``kill
+  -9`` included, so it is never left stuck) or raises :class:`RunLocked` naming the holder.
+  Readers (status, report, export) take no lock.
 - Adding a source already in the run (same sha256) returns the existing candidate; two
   writers adding the same new source at the same moment may both succeed.
 - No secrets on disk: the manifest, every metadata write and every event go through
@@ -44,6 +50,7 @@ Invariants:
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import json
@@ -88,6 +95,10 @@ CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
 
 class RunNotFound(Exception):
     """No run with that id (or its folder has no readable manifest)."""
+
+
+class RunLocked(Exception):
+    """Another live process holds the run's lock; the message names it."""
 
 
 class CandidateNotFound(LookupError):
@@ -137,6 +148,26 @@ class RunStore:
         body = {**scrub_secrets(manifest), "run_id": run_id, "created": time.time()}
         write_atomic(root / "manifest.json", _dump(body))
         return store
+
+    def lock(self) -> None:
+        """Hold the run's lock for the rest of this process's life, or raise :class:`RunLocked`
+        naming the process that holds it. Idempotent."""
+        if getattr(self, "_lock_fd", None) is not None:
+            return
+        path = self.root / "run.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunLocked(
+                f"run {self.run_id} is being evolved by process {holder} (its run.lock is held);"
+                " wait for it to finish or stop it, then resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     @classmethod
     def open(cls, runs_dir: Path, run_id: str) -> RunStore:
