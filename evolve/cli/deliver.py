@@ -18,6 +18,8 @@ Invariants (those of :mod:`.inspect`, and):
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     store = open_run(args.runs_dir, args.run)
     target = args.out or store.root / "report.html"
+    _regular_or_new(target)
     try:
         if args.watch is None:
             write_report(store, target)
@@ -156,6 +159,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not emit(args, {"run": store.run_id, "report": str(target)}):
         out.print(f"report of run {store.run_id} written to {escape(str(target))}")
     return 0
+
+
+def _regular_or_new(target: Path) -> None:
+    """The report replaces only a regular file (or makes a new one): a FIFO, a device, a
+    symbolic link or a folder at ``target`` is refused, since an atomic rename would replace
+    it with a file."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+                else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket")  # fmt: skip
+        raise UsageError(f"--out {target} is {kind}; the report is written only to a regular "
+                         "file or a new path")  # fmt: skip
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
