@@ -2,7 +2,7 @@
 
 Reads the traces of an ``evolve eval`` run (``questions.jsonl``) and prints, with the real
 MiniLM, the offline fitness (:mod:`evolve.scoring.coverage`) of the retrieved texts as they
-are and with their ``[date] `` prefixes stripped (the gaming case of issue 14 §1: the metric
+are and with their ``[date] `` prefixes stripped (the gaming case: the metric
 must not reward it), the hit rate of both, and the ceiling per split. ``--calibrate`` measures
 what the meaning ramp (COS_FLOOR, COS_FULL, SEMANTIC_CAP) gives where containment does not
 decide: each question's evidence against another conversation's retrieved text (unrelated),
@@ -111,7 +111,7 @@ def part(text: str, where: str, share: float) -> str:
 
 def shares(data: Path, split: str, embedder: Embedder) -> None:
     """The credit of a part of a long evidence message (over 3,000 characters): its head,
-    middle and tail at a few shares of its length (issue 14 §1: about the share, wherever)."""
+    middle and tail at a few shares of its length (about the share, wherever)."""
     evidence = load_taskset(data, split).evidence_texts().values()
     longs = list(dict.fromkeys(t for texts in evidence for t in texts if len(t) > 3000))
     scorer = CoverageScorer(embedder)

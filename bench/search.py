@@ -1,4 +1,4 @@
-"""Benchmark: optuna (TPE) vs random offline search for the same budget (issue 14 §3).
+"""Benchmark: optuna (TPE) vs random offline search for the same budget.
 
 A measurement script, not a test. For each strategy (``--offline-search`` optuna and random)
 it runs the offline evolution loop from ``seeds/hybrid.py`` on BEAM-100K with the same budget of

@@ -1,4 +1,4 @@
-"""Benchmark: model-call throughput of one evaluation against the fake model server (issue 15).
+"""Benchmark: model-call throughput of one evaluation against the fake model server.
 
 Evaluates a program on BEAM-100K valid with the task model and the judge both served by
 :class:`~evolve.models.fake_server.FakeModelServer` at a fixed latency, from cold stage and LLM

@@ -3,8 +3,8 @@
 CPython 3.11's AST constructor keeps its recursion depth in per-interpreter state, so two
 threads building an AST at once can corrupt each other's count and one of them fails with
 ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905). An
-evaluation judges and plans questions in many threads, and reading a program's instructions
-parses its source there: once in CI a question failed that way. Every ``ast.parse`` of the
+evaluation judges and plans questions in many threads, and readers of a program's source
+(fingerprints, tunables, the static check) may run in them. Every ``ast.parse`` of the
 project goes through :func:`parse`, which holds one process-wide lock.
 
 Invariants: ``parse(source, mode)`` returns what ``ast.parse(source, mode=mode)`` returns and

@@ -1,4 +1,4 @@
-"""Concurrent model calls inside an evaluation (issue 15): results equal a sequential run's.
+"""Concurrent model calls inside an evaluation: results equal a sequential run's.
 
 A jittery scripted model (small random sleeps, so replies come back out of order under threads)
 and a program whose retrieval counts its calls (so any change in the order of host calls shows

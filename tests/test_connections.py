@@ -1,7 +1,7 @@
 """SQLite connections of the LLM call log and request cache under many short-lived threads.
 
 Many concurrent LLM calls, each judged on a fresh thread pool, once leaked one connection per
-thread that ever ran (issue 15): thread-kept connections outlived their threads until the
+thread that ever ran: thread-kept connections outlived their threads until the
 process ran out of file descriptors. The cyclic garbage collector is held off while the calls
 run, so the count shows what is closed without it (a connection of Python 3.11 sits in a
 reference cycle with its statement cache, which only that collector frees).

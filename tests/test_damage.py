@@ -1,4 +1,4 @@
-"""Damaged files (issue 16, item 4): run-store files, stage-cache entries, the embedding cache.
+"""Damaged files: run-store files, stage-cache entries, the embedding cache.
 
 Each case damages one file the way a crash, a full disk or a hostile edit would, then drives
 the CLI in-process (``evolve.cli.main.main``): a command that can go on says so in one ``warning:``

@@ -1,4 +1,4 @@
-"""A regular install carries the seeds and split files (issue 16, item 3).
+"""A regular install carries the seeds and split files.
 
 Builds the wheel from a copy of the source (so the checkout gets no ``build/``), checks what it
 holds, and uses it installed with ``pip install --target`` from a folder outside the

@@ -240,7 +240,7 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout)
     assert summary["stage"] == "finished"
-    # with a task model and a judge the run selects on the judged task score (issue 18)
+    # with a task model and a judge the run selects on the judged task score
     assert summary["fitness"]["name"] == "judged" and summary["fitness"]["version"]
     best = summary["best"]
     assert isinstance(best["fitness"], float) and 0.0 <= best["fitness"] <= 1.0

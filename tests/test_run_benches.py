@@ -1,4 +1,4 @@
-"""`evolve run --bench locomo | longmemeval` evolves on that bench (issue 16, item 2).
+"""`evolve run --bench locomo | longmemeval` evolves on that bench.
 
 End to end and offline on the fixtures: the LoCoMo sample (``$EVOLVE_DATA/locomo``, one
 conversation, so train and valid are its question halves) and the LongMemEval fixture

@@ -1,4 +1,4 @@
-"""Selection on the task score (issue 18): one fitness per mode, and everything that selects on it.
+"""Selection on the task score: one fitness per mode, and everything that selects on it.
 
 A tiny BEAM slice (one information-extraction and one abstention question per conversation), a
 scripted task model whose answer follows the program's ANSWER_INSTRUCTION, and a scripted judge

@@ -359,7 +359,7 @@ def _print_report(report: dict[str, Any]) -> None:
     out.print(f"stages (computed/reused): {stages}")
     for conv, why in (meta.get("unstored_memory") or {}).items():
         out.print(f"[yellow]memory of {escape(conv)} not stored, rebuilt every evaluation:[/] "
-                  f"{escape(why)}")
+                  f"{escape(why)}")  # fmt: skip
     if split := meta.get("time"):
         out.print(f"time (s, summed over conversations): model wait {split['model_wait']:.1f}, "
                   f"sandbox {split['sandbox']:.1f}, local {split['local']:.1f}; "

@@ -19,8 +19,11 @@ Invariants:
   so far plus the projected cost of one more round stays within every cap; the projection is
   the most any finished round of the run has cost (nothing before the first round, so a cap
   smaller than one round is passed once). Within a round, no repair attempt starts once a cap
-  is reached (:meth:`Budget.exhausted`). A run stopped at a cap has saved its state like any
-  finished round and resumes with a higher cap.
+  is reached (:meth:`Budget.exhausted`), and every model call of the run, in every process, is
+  admitted under the caps with the calls in flight counted (:mod:`evolve.models.spendcap`,
+  whose caps file the loop writes beside the call log); a refused call ends the round and the
+  run, whose saved state is that of its last finished round. A run stopped at a cap resumes
+  with a higher cap.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ Invariants:
 - The files are the truth and every read of a candidate goes to them. Events live only in
   SQLite, and a resume reads them (a round's own children are found by their ``proposed``
   events): losing ``index.sqlite`` loses the event log, never a candidate or the state, but a
-  resume then cannot tell an interrupted round's children from earlier candidates. An index SQLite calls corrupt is moved
-  aside (``index.sqlite.corrupt-<time>``) and a fresh one started, said once.
+  resume then cannot tell an interrupted round's children from earlier candidates. An index
+  SQLite calls corrupt is moved aside (``index.sqlite.corrupt-<time>``) and a fresh one
+  started, said once.
 - Damaged files never take a run down: each is reported, never fatal. A candidate is read only
   if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
   (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips

@@ -1,6 +1,6 @@
 """The ceiling beside every coverage score, computed once per task set and cached.
 
-Owns :func:`question_ceilings` and :data:`KEY` (issue 14 §1). The ceiling of a question is
+Owns :func:`question_ceilings` and :data:`KEY`. The ceiling of a question is
 :func:`evolve.scoring.coverage.ceiling`'s: the same scorer on the question's gold evidence
 packed into the retrieval budget — 1 where the evidence fits, less where it does not. The
 executor writes it into every trace's scores under :data:`KEY`, so every aggregate block

@@ -1,7 +1,7 @@
 """Evidence coverage: the offline fitness that measures whether the evidence reached the context.
 
 Owns :func:`evidence_coverage`, :class:`CoverageScorer`, :class:`ScoreInput`, :func:`ceiling`
-and :data:`FITNESS_VERSION` (issue 14 §1): the retrieval fitness (:mod:`.fitness`) and the
+and :data:`FITNESS_VERSION`: the retrieval fitness (:mod:`.fitness`) and the
 embedding diagnostics beside it, ``evidence_similarity`` (mean over the evidence of the max
 cosine of its content view to R's windows) and ``evidence_hit_rate`` (share at cosine ≥
 :data:`HIT_THRESHOLD`), which read the same vectors and so cost nothing more.

@@ -11,8 +11,9 @@ Per question (docs/design.md §4), from :class:`OfflineScorer`:
   :data:`VERBATIM_CHARS` characters, whitespace-normalised) appears verbatim in the retrieved
   text: exact, but meaningful only for programs that keep messages verbatim (as offline
   extraction does); comparable to the floors in docs/benchmarks.md §2.7.
-- ``answer_recall`` — share of the gold answer's content words (lower-cased, Porter-stemmed,
-  stopwords removed) present in the retrieved text.
+- ``answer_recall`` — share of the gold answer's content words (lower-cased, stemmed with
+  PyStemmer's ``english`` (Snowball's Porter2), stopwords removed) present in the retrieved
+  text.
 
 Also owns :func:`blocks` (the retrieved text cut at blank lines; the stage diagnostics read it).
 Questions without evidence (BEAM abstention) get ``None`` for every metric and are left out of
