@@ -91,3 +91,14 @@ def test_a_killed_holder_leaves_no_stale_lock(runs: Path) -> None:
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     RunStore.open(runs, RUN).lock()  # the kernel released it with the process
+
+
+def test_resume_refuses_another_cache_dir_in_one_line(runs: Path, tmp_path: Path, capsys) -> None:
+    from evolve.cli.main import main
+
+    code = main(["run", "--resume", RUN, "--runs-dir", str(runs), "--cache-dir",
+                 str(tmp_path / "elsewhere"), "--guard", "none"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1, err
+    assert str(tmp_path / "cache") in err and "cannot move it" in err
+    assert not (tmp_path / "elsewhere").exists()

@@ -214,6 +214,11 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         if args.bench is not None and args.bench != config.bench:
             raise UsageError(f"run {args.resume} evolves on {config.bench}; --bench {args.bench} "
                              "cannot change that (start a new run for another bench)")  # fmt: skip
+        given = args.cache_dir and str(Path(args.cache_dir).resolve())
+        if given and given != config.cache_dir:  # replayed model calls live in the run's cache
+            raise UsageError(f"run {args.resume} keeps its cache at {config.cache_dir}; "
+                             "--cache-dir cannot move it on --resume (move the folder back, or "
+                             "start a new run)")  # fmt: skip
         root = Path(config.data_dir)
         if args.guard is not None and sorted(_guards(args.guard, config.bench, root)) != sorted(
             config.guards
