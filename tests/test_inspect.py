@@ -237,9 +237,11 @@ def test_lineage_reaches_the_seed_through_two_parents(
 ):
     runs_dir = str(copy.root.parent)
     chain = as_json(capsys, "lineage", f"{RUN}/c0002", "--runs-dir", runs_dir)["ancestors"]
-    assert [a["stage"] for a in chain] == ["refinement", "seed"]
-    assert chain[-1]["parents"] == [] and chain[0]["parents"] == [chain[-1]["id"]]
-    a, b = copy.get("c0001"), copy.get("c0002")
+    assert chain[0]["stage"] == "refinement" and chain[-1]["stage"] == "seed"  # via its best
+    assert chain[-1]["parents"] == []
+    assert all(n["parents"] == [up["id"]] for n, up in zip(chain, chain[1:], strict=False))
+    a = copy.get("c0001")  # the cold start: a child of the seed
+    b = copy.get(add_variant(copy, copy.source(a.parents[0]) + "\n", a.parents, "sibling"))
     cross = add_variant(copy, copy.source(b.id) + "\n", [a.id, b.id], "crossover")
     chain = as_json(capsys, "lineage", cross, "--run", RUN, "--runs-dir", runs_dir)["ancestors"]
     assert [n["id"] for n in chain] == [cross, a.id, b.id, a.parents[0]]  # the seed once
@@ -353,12 +355,13 @@ def test_export_writes_a_standalone_checked_program(
         meta.source_sha256
     )
     header = text[: len(text) - len(source)]
+    seed = next(c for c in store.candidates() if c.stage == "seed")
     fitnesses = [f"{split}: fitness {fitness(meta.scores[split]['overall']):.4f}, similarity 0."
                  for split in ("valid", "train")]  # fmt: skip
     for needle in (f"run: {RUN}", f"candidate: {meta.id}", f"contract version {CONTRACT_VERSION}",
                    f"sha256: {meta.source_sha256}", "test: not frozen", "exported: ",
                    f"{meta.id} [refinement] <- {meta.parents[0]}: {meta.message}",
-                   f"{meta.parents[0]} [seed]: seed hybrid.py", *fitnesses):  # fmt: skip
+                   f"{seed.id} [seed]: seed hybrid.py", *fitnesses):  # fmt: skip
         assert needle in header, needle
     assert fingerprints(text) == fingerprints(source)
     assert check_program(text, str(target)).passed

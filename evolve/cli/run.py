@@ -364,6 +364,15 @@ def _open_run(args: argparse.Namespace) -> tuple[RunStore, dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    held: list[RunStore] = []  # the run whose lock this command took, released at its end
+    try:
+        return _cmd_run(args, held)
+    finally:
+        for store in held:
+            store.unlock()
+
+
+def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     from evolve.evolution.loop import Evolution
     from evolve.executor import EvalError
 
@@ -378,9 +387,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = _open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
     try:
-        store.lock()  # one process per run, for this process's life
+        store.lock()  # one process per run
     except RunLocked as exc:
         raise UsageError(str(exc)) from None
+    held.append(store)
     seed = Path(config.seed_program).name
     if config.coder_model is None:
         err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "

@@ -151,8 +151,8 @@ class RunStore:
         return store
 
     def lock(self) -> None:
-        """Hold the run's lock for the rest of this process's life, or raise :class:`RunLocked`
-        naming the process that holds it. Idempotent."""
+        """Hold the run's lock until :meth:`unlock` or the end of this process, or raise
+        :class:`RunLocked` naming the process that holds it. Idempotent."""
         if getattr(self, "_lock_fd", None) is not None:
             return
         path = self.root / "run.lock"
@@ -169,6 +169,12 @@ class RunStore:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Release the run's lock (a process that evolves several runs in turn); idempotent."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of the open file releases the flock
 
     @classmethod
     def open(cls, runs_dir: Path, run_id: str) -> RunStore:
