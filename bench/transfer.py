@@ -16,8 +16,8 @@ first BEAM-500K conversation, so the LoCoMo row shows that a guard held, not tha
 transfers. BEAM-1M and the other BEAM-500K conversations are data no run reads. BEAM-10M is
 left out (about 100M tokens to encode on first use). It prints, per dataset, the start's
 coverage and ceiling, each seed's best and gain, and the gains' mean, standard deviation and
-range; ``--json FILE`` also writes every figure. ``--conversations N`` scores BEAM-500K and BEAM-1M on their first N
-conversations only, and says so in each row's name.
+range; ``--json FILE`` also writes every figure. ``--conversations N`` scores BEAM-500K and
+BEAM-1M on their first N conversations only, and says so in each row's name.
 
 ``--work DIR`` keeps the runs, bests and a ``transfer.json`` in DIR; given a DIR that already
 holds ``runs-S`` folders, those runs are read back instead of run again (their wall time is

@@ -122,6 +122,7 @@ class RunStore:
         self._candidates = self.root / "candidates"
         self._claims = self.root / "claims"
         self._index = self.root / "index.sqlite"
+        self._lock_fd: int | None = None  # the run's lock, while this process holds it
 
     # --- runs ---
 
@@ -153,7 +154,7 @@ class RunStore:
     def lock(self) -> None:
         """Hold the run's lock until :meth:`unlock` or the end of this process, or raise
         :class:`RunLocked` naming the process that holds it. Idempotent."""
-        if getattr(self, "_lock_fd", None) is not None:
+        if self._lock_fd is not None:
             return
         path = self.root / "run.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -172,7 +173,7 @@ class RunStore:
 
     def unlock(self) -> None:
         """Release the run's lock (a process that evolves several runs in turn); idempotent."""
-        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor of the open file releases the flock
 
