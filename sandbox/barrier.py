@@ -219,7 +219,6 @@ def lock(report: dict[str, Any]) -> None:
         report["seccomp"] = "no network sockets, exec, fork, ptrace, namespaces or signals out"
     except (ImportError, OSError, RuntimeError) as exc:
         report["seccomp"] = f"unavailable ({exc})"
-        report.pop("processes", None) if "namespaces" not in report else None
 
 
 _DENIED_CALLS = (
@@ -272,11 +271,13 @@ def strict() -> bool:
     return os.environ.get(ISOLATION_ENV) == "strict"
 
 
+def _obtained(report: dict[str, Any], key: str) -> bool:
+    return key in report and not str(report[key]).startswith("unavailable")
+
+
 def complete(report: dict[str, Any]) -> bool:
     """Whether a host's report shows the whole barrier."""
-    return all(key in report for key in FULL) and not any(
-        str(report.get(key, "")).startswith("unavailable") for key in FULL
-    )
+    return all(_obtained(report, key) for key in FULL)
 
 
 def describe(report: dict[str, Any]) -> str:
@@ -288,14 +289,11 @@ def describe(report: dict[str, Any]) -> str:
             f"{report['filesystem']}; seccomp; {report.get('landlock', 'no Landlock')})"
         )
 
-    def obtained(key: str) -> bool:
-        return key in report and not str(report[key]).startswith("unavailable")
-
-    missing = [key for key in FULL if not obtained(key)]
+    missing = [key for key in FULL if not _obtained(report, key)]
     why = report.get("missing") or "; ".join(
         f"{key}: {report.get(key, 'not obtained')}" for key in missing
     )
-    held = [name for key, name in _HELD_BY if obtained(key)]
+    held = [name for key, name in _HELD_BY if _obtained(report, key)]
     held += ["the static checker", "resource limits", "Python-level blocks"]
     return (
         f"sandbox: WEAKER ISOLATION on this machine: no {', '.join(missing)} ({why}); "
