@@ -1,0 +1,164 @@
+"""The store folder a user owns: which programs ran over it, each scope's log and snapshots.
+
+Owns the folder's layout, :class:`Deployment` (what a memory is built with) and
+:class:`Store`::
+
+    <store>/manifest.json                  programs by sha256, the active one, earlier ones
+    <store>/programs/<sha256>.py           each program's source, to roll back to
+    <store>/scopes/<scope key>/log         the scope's session log (:mod:`.log`)
+    <store>/scopes/<scope key>/<build>.<n>.state   a memory snapshot after n sessions
+    <store>/cache/                         the embedder's cache (MiniLM)
+
+Invariants:
+
+- **The log is the truth, a snapshot a shortcut.** A snapshot is the bytes the program's host
+  dumped (:mod:`contract.state`; never unpickled here), named by the deployment's build key
+  (:meth:`Deployment.key`: program sha256, contract and evaluator versions, task model,
+  embedder, precision) and by the log position it holds. A memory is the newest snapshot of
+  its build at or before the log's end, plus the log's sessions after it, each added once: no
+  acknowledged session is lost and none is added twice. A snapshot is written to a temporary
+  file, fsync'd and renamed, so it is whole or absent; older snapshots of the build are
+  removed after a new one is in place.
+- **Switching programs rebuilds, rollback is a switch back.** Opening with a program the
+  manifest does not hold as active makes it active and keeps the previous one listed (its
+  source under ``programs/``, its snapshots in place): its memory is built from the log; the
+  earlier program's snapshots still serve it when it is made active again.
+- **Scopes are folders named by the sha256 of the scope id**, so no scope id can name a path
+  outside its folder or another scope's.
+- The manifest is replaced atomically (:func:`evolve.files.write_atomic`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from evolve.files import write_atomic
+from evolve.runtime.log import SessionLog
+
+FORMAT = 1
+_SNAPSHOT = re.compile(r"^(?P<build>[0-9a-f]{24})\.(?P<n>\d+)\.state$")
+
+
+class StoreError(Exception):
+    """A store folder that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a memory is built with: the program and everything that shapes its outputs."""
+
+    program_sha256: str
+    contract_version: str
+    evaluator_version: str
+    task_model: str | None  # a litellm id; None: the offline stand-ins
+    embedder: str
+    precision: str
+
+    def key(self) -> str:
+        """The build key snapshots are filed under (24 hex digits)."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def scope_key(scope: str) -> str:
+    if not isinstance(scope, str) or not scope:
+        raise StoreError("a user (scope) id is a non-empty string")
+    return hashlib.sha256(scope.encode("utf-8")).hexdigest()[:32]
+
+
+class Store:
+    """A store folder, opened for one deployment (see the module's invariants)."""
+
+    def __init__(self, root: Path, deployment: Deployment, source: str) -> None:
+        self.root = root
+        self.deployment = deployment
+        self.build = deployment.key()
+        self.switched_from: str | None = None  # the program active before this open, if other
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "scopes").mkdir(exist_ok=True)
+            (root / "programs").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot use store {root}: {exc.strerror or exc}") from None
+        manifest = self._read_manifest()
+        programs: dict[str, Any] = manifest.setdefault("programs", {})
+        sha = deployment.program_sha256
+        program_file = root / "programs" / f"{sha}.py"
+        if not program_file.exists():
+            write_atomic(program_file, source.encode("utf-8"), mode=0o600)
+        active = manifest.get("active")
+        if active != sha:
+            if active is not None:
+                self.switched_from = str(active)
+                history = [h for h in manifest.get("previous", []) if h != active]
+                manifest["previous"] = [active, *history]
+            manifest["active"] = sha
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        entry = programs.setdefault(sha, {"first_used": now})
+        entry.update({k: v for k, v in asdict(deployment).items() if k != "program_sha256"})
+        entry["last_used"] = now
+        self.manifest = manifest
+        write_atomic(root / "manifest.json", json.dumps(manifest, indent=1).encode(), mode=0o600)
+
+    def _read_manifest(self) -> dict[str, Any]:
+        path = self.root / "manifest.json"
+        if not path.exists():
+            if any((self.root / "scopes").iterdir()):
+                raise StoreError(f"store {self.root} has scopes but no manifest.json")
+            return {"format": FORMAT}
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"store {self.root}: manifest.json is unreadable ({exc})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise StoreError(f"store {self.root}: manifest.json is not a format-{FORMAT} manifest")
+        return manifest
+
+    def previous_program(self) -> Path | None:
+        """The source file of the program active before the current one (to roll back to)."""
+        previous = self.manifest.get("previous") or []
+        return self.root / "programs" / f"{previous[0]}.py" if previous else None
+
+    def scope_dir(self, scope: str) -> Path:
+        return self.root / "scopes" / scope_key(scope)
+
+    def open_log(self, scope: str) -> SessionLog:
+        log, _ = SessionLog.open(self.scope_dir(scope) / "log")
+        return log
+
+    def snapshot(self, scope: str, upto: int) -> tuple[int, bytes] | None:
+        """The newest snapshot of this build holding at most ``upto`` sessions:
+        ``(sessions it holds, its bytes)``; None when there is none."""
+        folder = self.scope_dir(scope)
+        best = None
+        for path in folder.glob(f"{self.build}.*.state"):
+            match = _SNAPSHOT.match(path.name)
+            if match and int(match["n"]) <= upto and (best is None or int(match["n"]) > best[0]):
+                best = (int(match["n"]), path)
+        if best is None:
+            return None
+        try:
+            return best[0], best[1].read_bytes()
+        except OSError:
+            return None
+
+    def put_snapshot(self, scope: str, sessions: int, state: bytes) -> None:
+        """Write the build's snapshot after ``sessions`` sessions, whole or not at all, then
+        remove the build's older snapshots."""
+        folder = self.scope_dir(scope)
+        target = folder / f"{self.build}.{sessions}.state"
+        write_atomic(target, state, mode=0o600)
+        for path in folder.glob(f"{self.build}.*.state"):
+            match = _SNAPSHOT.match(path.name)
+            if match and int(match["n"]) < sessions:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
