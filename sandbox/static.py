@@ -1,7 +1,11 @@
 """Sandbox tier 1, static: reject a candidate memory program from its source text alone.
 
 Owns :func:`check_source`: it reads a program (LLM-written, so hostile) with :mod:`ast` and
-returns every :class:`Finding`, each a one-line repair hint for the proposing model.
+returns every :class:`Finding`, each a one-line repair hint for the proposing model. The rules on
+names, attributes, imports and strings are checked here against the lists of
+:mod:`sandbox.surface`; the rules on state, the object model, annotations and a read-only
+``retrieve`` live in :mod:`sandbox.statefulness`, :mod:`sandbox.objects`,
+:mod:`sandbox.annotations` and :mod:`sandbox.readonly`, and are reported here.
 
 Invariants:
 - The candidate is never executed, compiled or imported; only ``ast.parse`` runs, and the walk
@@ -51,6 +55,9 @@ Rejected, and why:
   the stage fingerprints rely on): in-place changes at import, and inside functions and
   methods ``global``/``nonlocal``, changes to module-level or class-level objects, mutable
   defaults and the module-global RNGs — a restored memory would not see them.
+- A ``retrieve`` that changes the memory (:mod:`sandbox.readonly`): writes to state rooted at
+  ``self``, directly, through aliases or in the methods and functions it reaches. Retrievals
+  are cached per index state and query.
 - A patch equal to its parent up to comments and layout; a module not binding the required
   names at top level (whether they load with the right shapes is for the later tiers).
 """
@@ -67,7 +74,29 @@ from contract.parsing import parse
 from contract.spec import DATACLASSES, INSTRUCTIONS, MEMORY, REQUIRED_NAMES
 from sandbox.annotations import annotation_shape, shown
 from sandbox.objects import object_model_issues
+from sandbox.readonly import retrieve_mutations
 from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
+from sandbox.surface import (
+    ALLOWED_DUNDER_ATTRIBUTES,
+    ALLOWED_DUNDER_NAMES,
+    ALLOWED_DUNDER_STRINGS,
+    ALLOWED_IMPORTS,
+    CLASS_FACTORIES,
+    EVALUATION_NAMES,
+    EVALUATION_STRINGS,
+    FORBIDDEN_NAMES,
+    LOAD_SAVE,
+    NAMEDTUPLE_API,
+    REVIEWED_MEMBERS,
+    SELF_ONLY_ATTRIBUTES,
+    TYPE_FACTORIES,
+    bad_attribute,
+    forbidden_module,
+    import_allowed,
+)
+
+# The lists and the import rule live in sandbox.surface; these names stay importable from here.
+__all__ = ["ALLOWED_IMPORTS", "REVIEWED_MEMBERS", "Finding", "check_source", "import_allowed"]
 
 
 @dataclass(frozen=True)
@@ -79,72 +108,10 @@ class Finding:
     line: int | None
 
 
-ALLOWED_IMPORTS: frozenset[str] = frozenset(
-    "__future__ math cmath re collections dataclasses typing itertools functools heapq bisect "
-    "statistics datetime json string textwrap difflib enum abc copy operator unicodedata numbers "
-    "fractions decimal array hashlib random numpy bm25s Stemmer".split()
-)
-# Submodules of allowed packages that read or write files, run code or reach the network.
-FORBIDDEN_MODULES = (
-    "numpy.testing", "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "numpy.lib.format",
-    "numpy.lib.npyio", "numpy.compat", "bm25s.hf", "bm25s.utils", "bm25s.cli",
-    "bm25s.high_level", "bm25s.mcp", "bm25s.terminal",
-)  # fmt: skip
-FORBIDDEN_NAMES: frozenset[str] = frozenset(
-    "open exec eval compile __import__ globals locals vars breakpoint input exit quit help "
-    "memoryview getattr setattr delattr copyright credits license __builtins__ __build_class__ "
-    "__loader__ __spec__ __file__ __dict__".split()
-)
-ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__slots__", "__all__"})
-ALLOWED_DUNDER_ATTRIBUTES = frozenset({"__init__", "__post_init__", "__name__"})
-_ALLOWED_DUNDER_STRINGS = ALLOWED_DUNDER_ATTRIBUTES | {"__main__"}
-NAMEDTUPLE_API = frozenset({"_asdict", "_replace", "_fields", "_make", "_field_defaults"})
-FORBIDDEN_ATTRIBUTES: frozenset[str] = frozenset(
-    # files and pickles (and the load/save/dump family: _LOAD_SAVE)
-    "open fromfile tofile fromregex genfromtxt memmap open_memmap DataSource fromtextfile "
-    "openfile Path read_text read_bytes getline linecache formatwarning as_strided "
-    # corners of allowed packages that run code or reach the network
-    "ctypeslib f2py testing distutils compat hf utils scipy "
-    # processes, code execution, frames and code objects, attribute lookup by string
-    "system popen fork spawn exec_module eval exec getattr setattr delattr vars globals locals "
-    "breakpoint gi_frame gi_code cr_frame cr_code ag_frame ag_code f_globals f_locals f_back "
-    "f_builtins f_code tb_frame co_code mro format_map vformat Formatter attrgetter methodcaller "
-    "get_type_hints ForwardRef CodeType FunctionType LambdaType ModuleType new_class "
-    "update_wrapper no_type_check no_type_check_decorator "
-    # test runners (numpy.test, scipy.sparse.test: pytest with any arguments), progress bars
-    # that write to files and start monitor threads, test and tool submodules
-    "test tests conftest tqdm tool add_newdoc add_docstring add_newdoc_ufunc "
-    # modules that allowed modules expose as attributes (dataclasses.sys, enum.bltns, bm25s.os)
-    "os _os sys _sys builtins bltns inspect codecs logging mmap resource subprocess importlib "
-    "ctypes pickle marshal socket shutil pathlib io gc warnings".split()
-)
-# Library helpers with a name too common to refuse everywhere: allowed only on a method's own
-# self or cls (numpy.info imports the module named by its 'toplevel' argument).
-SELF_ONLY_ATTRIBUTES = frozenset({"info"})
-# Callables that tests/surface_survey.py flags and tier 1 allows, each with why it is harmless.
-REVIEWED_MEMBERS: dict[str, str] = {
-    "collections.namedtuple": "execs code generated from field names it checks are identifiers",
-    "dataclasses.dataclass": "execs code generated from the class's own annotated field names",
-    "typing.TypeVar": "compiles a string bound into a ForwardRef; only get_type_hints (refused) "
-    "would evaluate it",
-    "numpy.rec.array": "opens a path only for an os.PathLike object, which needs a __fspath__ "
-    "method (sandbox.objects refuses it); a str argument is data",
-}
 _SELF_DECORATORS = frozenset(
     {"property", "classmethod", "cached_property", "functools.cached_property"}
 )
 _ACCESSOR = re.compile(r"\w+\.(setter|getter|deleter)")
-_LOAD_SAVE = re.compile(r"(load|save|dump)(s|z|txt|z_compressed|_\w+)?")
-CLASS_FACTORIES = frozenset({"make_dataclass", "NamedTuple", "TypedDict"})
-TYPE_FACTORIES = frozenset({"TypeVar", "NewType", "ParamSpec"})
-EVALUATION_NAMES: frozenset[str] = frozenset(
-    "evolve sandbox scoring scorer splits rubric gold evidence_ids source_chat_ids "
-    "probing_questions".split()
-)
-EVALUATION_STRINGS = (
-    "probing_questions", "source_chat_ids", "/shared/", "shared/data", "splits/", "programs/",
-    ".sqlite",
-)  # fmt: skip
 _DUNDER = re.compile(r"__\w+__")
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)
 
@@ -181,6 +148,7 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         findings.append(Finding("unchanged", _say(problem, None, fix), None))
     findings += _missing_definitions(tree)
     state = import_time_mutations(tree) + runtime_state_issues(tree) + object_model_issues(tree)
+    state += retrieve_mutations(tree)
     findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
     findings += _Checker(tree).run()
     return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
@@ -257,16 +225,6 @@ def _assigned_names(nodes: list[ast.AST]) -> set[str]:
     return names | {n.name for n in nodes if isinstance(n, ast.MatchAs | ast.MatchStar) and n.name}
 
 
-def import_allowed(name: str, fromlist: tuple[str, ...] = ()) -> bool:
-    """The run-time twin of the import rules, used by the sandbox host's ``__import__``."""
-    if name.split(".")[0] not in ALLOWED_IMPORTS or _forbidden_module(name):
-        return False
-    return not any(
-        item == "*" or item.startswith("_") or _forbidden_module(f"{name}.{item}")
-        for item in fromlist
-    )
-
-
 def _method_self_references(tree: ast.Module) -> set[int]:
     """Ids of the Names that refer to a method's first parameter (its own self or cls).
 
@@ -296,14 +254,6 @@ def _method_self_references(tree: ast.Module) -> set[int]:
                     out.add(id(node))
                 todo.extend(ast.iter_child_nodes(node))
     return out
-
-
-def _forbidden_module(path: str) -> bool:
-    """Private parts, parts named like forbidden attributes (``testing``, ``tests``,
-    ``conftest``, ``tool``, ``f2py``, ...), and :data:`FORBIDDEN_MODULES`."""
-    parts = path.split(".")[1:]
-    private = any(part.startswith("_") or part in FORBIDDEN_ATTRIBUTES for part in parts)
-    return private or any(path == m or path.startswith(m + ".") for m in FORBIDDEN_MODULES)
 
 
 class _Checker:
@@ -368,11 +318,11 @@ class _Checker:
                 problem = f"'from {node.module} import *' is not allowed"
                 self._add("star-import", node, problem, "import the names you use explicitly")
             elif (
-                _forbidden_module(path)
-                or self._bad_attribute(alias.name, node.module == "json")
+                forbidden_module(path)
+                or bad_attribute(alias.name, node.module == "json")
                 or alias.name in SELF_ONLY_ATTRIBUTES
             ):
-                fix = _SAVE_HINT if _LOAD_SAVE.fullmatch(alias.name) else _ATTR_HINT
+                fix = _SAVE_HINT if LOAD_SAVE.fullmatch(alias.name) else _ATTR_HINT
                 self._add("import-not-allowed", node, f"import of '{path}' is not allowed", fix)
 
     def _module(self, path: str, node: ast.AST) -> bool:
@@ -382,7 +332,7 @@ class _Checker:
             fix = f"memory programs may import only {', '.join(sorted(ALLOWED_IMPORTS))}; remove it"
             self._add("import-not-allowed", node, f"import of '{top}' is not allowed", fix)
             return False
-        if _forbidden_module(path):
+        if forbidden_module(path):
             fix = f"it is private or gives file, process or code access; use {top}'s public API"
             self._add("import-not-allowed", node, f"import of '{path}' is not allowed", fix)
             return False
@@ -432,8 +382,8 @@ class _Checker:
             if attr not in ALLOWED_DUNDER_ATTRIBUTES:
                 fix = "dunder attributes are escape hatches; use the object's public API"
                 self._add("dunder-attribute", node, f"attribute '{attr}' is not allowed", fix)
-        elif self._bad_attribute(attr, receiver == "json" and self.json_is_module):
-            fix = _SAVE_HINT if _LOAD_SAVE.fullmatch(attr) else _ATTR_HINT
+        elif bad_attribute(attr, receiver == "json" and self.json_is_module):
+            fix = _SAVE_HINT if LOAD_SAVE.fullmatch(attr) else _ATTR_HINT
             self._add("forbidden-attribute", node, f"attribute '{attr}' is not allowed", fix)
         elif attr in SELF_ONLY_ATTRIBUTES and not on_self:
             fix = "a library helper of that name imports or opens by name; use another name"
@@ -442,15 +392,11 @@ class _Checker:
             fix = "use underscore attributes only on a method's own self or cls"
             self._add("private-attribute", node, f"attribute '{attr}' is not allowed here", fix)
 
-    @staticmethod
-    def _bad_attribute(attr: str, on_json: bool) -> bool:
-        return attr in FORBIDDEN_ATTRIBUTES or (not on_json and bool(_LOAD_SAVE.fullmatch(attr)))
-
     def _Constant(self, node: ast.Constant) -> None:
         if id(node) in self.docstrings or not isinstance(node.value, str | bytes):
             return
         text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
-        dunders = [m for m in _DUNDER.findall(text) if m not in _ALLOWED_DUNDER_STRINGS]
+        dunders = [m for m in _DUNDER.findall(text) if m not in ALLOWED_DUNDER_STRINGS]
         if dunders:
             fix = "strings naming dunders feed getattr and format tricks; remove it"
             self._add("dunder-string", node, f"string containing '{dunders[0]}'", fix)

@@ -2,8 +2,13 @@
 
 - **Smoke** (:func:`smoke_tier`): construct ``Memory``, index a session of synthetic units,
   index an empty session, retrieve with a valid query; ``index`` must return None,
-  ``retrieve`` a str within the 16,000-character budget, and the backend must be left as it
-  was given (class, methods, attributes).
+  ``retrieve`` a str within the 16,000-character budget, the backend must be left as it
+  was given (class, methods, attributes), and ``retrieve`` must leave the memory's stored
+  state (:func:`contract.state.dump_state`) byte for byte as it found it: retrievals are
+  cached per index state and query, so one that depends on earlier retrieves would be scored
+  on what a cached run never sees. This backs the static rule of :mod:`sandbox.readonly`,
+  which cannot see every route; a memory whose state cannot be stored is not compared (the
+  details say ``retrieve_state_checked: false``).
 - **Complexity probe**, the program's side (:func:`probe_run`): index synthetic units over
   batches with a given backend and answer two queries. The optimizer serves the backend and
   measures the run from outside (:mod:`sandbox.probe`), so nothing the verdict rests on is
@@ -27,6 +32,7 @@ import numpy as np
 from contract.program import LoadedProgram, offline_units
 from contract.records import build_record
 from contract.spec import OUT_CHAR_BUDGET
+from contract.state import dump_state
 from contract.types import BackendError, Message, Segment
 
 SMOKE_DIM = 384
@@ -117,6 +123,14 @@ def _check_backend(backend: Any, before: tuple[Any, ...]) -> None:
         raise TierError("Memory modified the backend it was given; treat it as read-only")
 
 
+def _memory_state(program: LoadedProgram, memory: Any, backend: Any) -> bytes | None:
+    """The memory's state as the stage cache would store it, or None when it cannot be."""
+    try:
+        return dump_state(memory, program.module.__name__, backend)
+    except Exception:  # unstorable (a lambda, a generator, ...): such a memory is rebuilt
+        return None
+
+
 def smoke_tier(program: LoadedProgram) -> dict[str, Any]:
     backend = StubBackend(SMOKE_DIM)
     before = _backend_state(backend)
@@ -124,9 +138,16 @@ def smoke_tier(program: LoadedProgram) -> dict[str, Any]:
     units, segment = synthetic_session(program, 1, 12, seed=1)
     _index(memory, units, segment)
     _index(memory, [], Segment("2", "2024-01-03", ()))
+    indexed = _memory_state(program, memory, backend)
     text = _retrieve(memory, _query(program, "When is the project deadline?"))
     _check_backend(backend, before)
-    return {"retrieved_chars": len(text)}
+    if indexed is not None and _memory_state(program, memory, backend) != indexed:
+        raise TierError(
+            "Memory.retrieve changed the memory's state; retrieve must leave the memory as it "
+            "found it (retrievals are cached per index and query): compute it in index(), or "
+            "keep it in a local variable of retrieve"
+        )
+    return {"retrieved_chars": len(text), "retrieve_state_checked": indexed is not None}
 
 
 def probe_run(program: LoadedProgram, backend: Any, n_units: int, n_batches: int) -> None:

@@ -254,8 +254,6 @@ class Memory:
         self.postings: dict[str, list[int]] = {}  # entity -> nodes that mention it
         self.refreshed: list[int] = []  # nodes whose time recent merges moved forward
         self.clock: float | None = None  # time of the latest message indexed
-        self.lexical = None  # BM25 over texts, rebuilt lazily
-        self.lexical_size = -1
         self.vocabulary: set[str] = set()  # words memory has seen in lower case
         self.stats = {"gated": 0, "merged": 0, "linked": 0, "added": 0, "llm_windows": 0}
 
@@ -497,25 +495,21 @@ class Memory:
         return self._serialise(graph, chosen, [p for p in paths if set(p) <= set(chosen)])
 
     def _lexical_hits(self, text):
+        """The K_LEX best nodes by BM25, built here over every node: a BM25 index cannot grow,
+        and rebuilt by every index call it would cost time quadratic in the sessions."""
         if K_LEX <= 0:
             return []
-        if self.lexical_size != self.size:
-            tokens = bm25s.tokenize(
-                self.texts, stopwords="en", stemmer=_stemmer, show_progress=False
-            )
-            self.lexical = None
-            if tokens.vocab:
-                self.lexical = bm25s.BM25()
-                self.lexical.index(tokens, show_progress=False)
-            self.lexical_size = self.size
-        if self.lexical is None:
+        tokens = bm25s.tokenize(self.texts, stopwords="en", stemmer=_stemmer, show_progress=False)
+        if not tokens.vocab:
             return []
+        lexical = bm25s.BM25()
+        lexical.index(tokens, show_progress=False)
         tokens = bm25s.tokenize(
             [text], stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False
         )[0]
         if not tokens:
             return []
-        scores = self.lexical.get_scores(tokens)
+        scores = lexical.get_scores(tokens)
         return [int(i) for i in top_indices(scores, K_LEX) if scores[i] > 0]
 
     def _serialise(self, graph, chosen, paths):

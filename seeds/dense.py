@@ -46,28 +46,37 @@ class Memory:
     def __init__(self, backend):
         self.backend = backend
         self.blocks: list[str] = []
-        self.parts: list[np.ndarray] = []
-        self.matrix = np.zeros((0, backend.dim), dtype=np.float32)
+        self.matrix = np.zeros((0, backend.dim), dtype=np.float32)  # rows [0, len(blocks)) live
 
     def index(self, units, segment):
         if not units:
             return None
+        vectors = self.backend.embed([u.content for u in units])
+        self.matrix = append_rows(self.matrix, len(self.blocks), vectors)
         self.blocks.extend(render(u) for u in units)
-        self.parts.append(self.backend.embed([u.content for u in units]))
         return None
 
     def retrieve(self, query):
         if not self.blocks:
             return ""
-        if self.parts:
-            self.matrix = np.vstack([self.matrix, *self.parts])
-            self.parts = []
-        scores = self.matrix @ self.backend.embed([query.text])[0]
+        scores = self.matrix[: len(self.blocks)] @ self.backend.embed([query.text])[0]
         k = min(TOP_K, len(scores))
         top = np.argpartition(-scores, k - 1)[:k]
         order = top[np.argsort(-scores[top], kind="stable")]
         chosen = [self.blocks[i] for i in order if scores[i] >= MIN_SCORE]
         return pack(chosen, OUT_CHAR_BUDGET)
+
+
+def append_rows(matrix: np.ndarray, used: int, rows: np.ndarray) -> np.ndarray:
+    """``matrix`` with ``rows`` written after its first ``used`` rows; when full it is replaced
+    by one twice as large, so appending n rows in batches costs O(n) in all."""
+    end = used + len(rows)
+    if end > len(matrix):
+        grown = np.zeros((max(end, 2 * len(matrix)), matrix.shape[1]), dtype=np.float32)
+        grown[:used] = matrix[:used]
+        matrix = grown
+    matrix[used:end] = rows
+    return matrix
 
 
 def render(unit: MemoryUnit) -> str:

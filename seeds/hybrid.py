@@ -2,10 +2,11 @@
 
 Indexing splits each unit into chunks of about CHUNK_CHARS characters (consecutive chunks
 sharing CHUNK_OVERLAP characters) and embeds every chunk once; the BM25 index over the same
-chunks is rebuilt lazily, at the first retrieval after new units arrive. Retrieval optionally
-expands the query with its RARE_TERMS rarest words (fewest chunks hold them), scores each chunk
-by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25 (scaled to 0-1 by the query's best chunk),
-gives each unit its best chunk's score times its role weight plus a recency prior
+chunks is built by each retrieval, which leaves the memory unchanged (a BM25 index cannot
+grow: rebuilt by every index call it would cost time quadratic in the sessions). Retrieval
+optionally expands the query with its RARE_TERMS rarest words (fewest chunks hold them),
+scores each chunk by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25 (scaled to 0-1 by the
+query's best chunk), gives each unit its best chunk's score times its role weight plus a recency prior
 (RECENCY_WEIGHT times the unit's position, 0 for the first unit and 1 for the last).
 
 What counts as relevant reads that score alone: the hits are the TOP_K best units at or above
@@ -103,10 +104,7 @@ class Memory:
         self.chunk_unit: list[int] = []  # unit index per chunk
         self.chunk_spans: list[tuple[int, int]] = []  # character span of each chunk in its unit
         self.chunk_texts: list[str] = []
-        self.parts: list[np.ndarray] = []  # chunk embeddings not yet stacked
-        self.vectors = np.zeros((0, backend.dim), dtype=np.float32)
-        self.lexical = None  # BM25 over chunk_texts, rebuilt lazily
-        self.df: dict[str, int] = {}  # stemmed term -> chunks holding it, rebuilt with lexical
+        self.vectors = np.zeros((0, backend.dim), dtype=np.float32)  # rows of chunk_texts, spare
 
     def index(self, units, segment):
         texts = []
@@ -118,19 +116,19 @@ class Memory:
             self.units.append(unit)
             self.sessions.append(segment.session_id)
         if texts:
+            vectors = self.backend.embed(texts)
+            self.vectors = append_rows(self.vectors, len(self.chunk_texts), vectors)
             self.chunk_texts.extend(texts)
-            self.parts.append(self.backend.embed(texts))
-            self.lexical = None
         return None
 
     def retrieve(self, query):
         if not self.units:
             return ""
-        self._refresh()
-        text = self._expand(query.text) if RARE_TERMS > 0 else query.text
+        lexical, df = self._lexical() if LEXICAL_WEIGHT > 0 or RARE_TERMS > 0 else (None, {})
+        text = self._expand(query.text, df) if RARE_TERMS > 0 else query.text
         qvec = self.backend.embed([text])[0]
-        chunk_scores = DENSE_WEIGHT * (self.vectors @ qvec)
-        if LEXICAL_WEIGHT > 0:
+        chunk_scores = DENSE_WEIGHT * (self.vectors[: len(self.chunk_texts)] @ qvec)
+        if LEXICAL_WEIGHT > 0 and lexical is not None:
             tokens = bm25s.tokenize(
                 [text],
                 stopwords="en",
@@ -138,7 +136,7 @@ class Memory:
                 return_ids=False,
                 show_progress=False,
             )[0]
-            lex = self.lexical.get_scores(tokens) if tokens else np.zeros(len(self.chunk_texts))
+            lex = lexical.get_scores(tokens) if tokens else np.zeros(len(self.chunk_texts))
             top = float(lex.max()) if len(lex) else 0.0
             if top > 0:
                 chunk_scores = chunk_scores + LEXICAL_WEIGHT * (lex / top)
@@ -185,27 +183,24 @@ class Memory:
         key = unit_scores[hits] - LENGTH_PENALTY * np.log(chars)
         return [hits[j] for j in np.argsort(-key, kind="stable")]
 
-    def _refresh(self):
-        if self.parts:
-            self.vectors = np.vstack([self.vectors, *self.parts])
-            self.parts = []
-        if self.lexical is None and (LEXICAL_WEIGHT > 0 or RARE_TERMS > 0):
-            tokens = bm25s.tokenize(
-                self.chunk_texts, stopwords="en", stemmer=_stemmer, show_progress=False
-            )
-            self.lexical = bm25s.BM25()
-            self.lexical.index(tokens, show_progress=False)
-            held = {}
-            for ids in tokens.ids:
-                for token_id in set(ids):
-                    held[token_id] = held.get(token_id, 0) + 1
-            self.df = {term: held.get(i, 0) for term, i in tokens.vocab.items()}
+    def _lexical(self):
+        """BM25 over the chunks, and each stemmed term's number of chunks holding it."""
+        tokens = bm25s.tokenize(
+            self.chunk_texts, stopwords="en", stemmer=_stemmer, show_progress=False
+        )
+        lexical = bm25s.BM25()
+        lexical.index(tokens, show_progress=False)
+        held = {}
+        for ids in tokens.ids:
+            for token_id in set(ids):
+                held[token_id] = held.get(token_id, 0) + 1
+        return lexical, {term: held.get(i, 0) for term, i in tokens.vocab.items()}
 
-    def _expand(self, text):
+    def _expand(self, text, df):
         """The query with its RARE_TERMS rarest indexed words appended (fewest chunks first)."""
         rare = {}
         for word in re.findall(r"[A-Za-z0-9]+", text):
-            held = self.df.get(_stemmer.stemWord(word.lower()), 0)
+            held = df.get(_stemmer.stemWord(word.lower()), 0)
             if held > 0:
                 rare.setdefault(word.lower(), held)
         picked = sorted(rare, key=lambda w: rare[w])[:RARE_TERMS]
@@ -264,6 +259,18 @@ class Memory:
             start, end = self.chunk_spans[chunk]
             text = text[max(start - CHUNK_CONTEXT, 0) : end + CHUNK_CONTEXT]
         return f"[{unit.date}] {text}" if DATE_PREFIX and unit.date else text
+
+
+def append_rows(matrix, used, rows):
+    """``matrix`` with ``rows`` written after its first ``used`` rows; when full it is replaced
+    by one twice as large, so appending n rows in batches costs O(n) in all."""
+    end = used + len(rows)
+    if end > len(matrix):
+        grown = np.zeros((max(end, 2 * len(matrix)), matrix.shape[1]), dtype=np.float32)
+        grown[:used] = matrix[:used]
+        matrix = grown
+    matrix[used:end] = rows
+    return matrix
 
 
 def role_weight(role):

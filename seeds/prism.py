@@ -316,21 +316,31 @@ class Entity:
 
 
 class Layer:
-    """The embeddings of one node layer, appended per batch and stacked when read."""
+    """The embeddings of one node layer, appended per batch into a buffer that doubles when
+    full (O(n) for n rows in all), read as a view of its filled rows."""
 
     def __init__(self, dim: int) -> None:
-        self.parts: list[np.ndarray] = []
-        self.stacked = np.zeros((0, dim), dtype=np.float32)
+        self.buffer = np.zeros((0, dim), dtype=np.float32)
+        self.size = 0
 
     def add(self, rows: np.ndarray) -> None:
-        if len(rows):
-            self.parts.append(np.asarray(rows, dtype=np.float32))
+        end = self.size + len(rows)
+        if end > len(self.buffer):
+            grown = np.zeros((max(end, 2 * len(self.buffer)), self.buffer.shape[1]), np.float32)
+            grown[: self.size] = self.buffer[: self.size]
+            self.buffer = grown
+        self.buffer[self.size : end] = rows
+        self.size = end
 
     def matrix(self) -> np.ndarray:
-        if self.parts:
-            self.stacked = np.vstack([self.stacked, *self.parts])
-            self.parts = []
-        return self.stacked
+        return self.buffer[: self.size]
+
+
+class Calls:
+    """The LLM calls one index or retrieve call may still make."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
 
 
 class Memory:
@@ -347,16 +357,17 @@ class Memory:
         self.evolution: dict[int, list[int]] = {}  # facet point -> facet points, both ways
         self.causal: dict[int, list[int]] = {}  # episode -> episodes, both ways
         self.since_causal = 0  # new episodes since the last causal-induction pass
-        self.prototypes: np.ndarray | None = None  # prototype question embeddings (lazy)
-        self.calls_left = 0  # LLM calls this index or retrieve call may still make
+        self.prototypes: np.ndarray | None = None  # prototype question embeddings, from index
 
     # -- indexing ----------------------------------------------------------------------
 
     def index(self, units, segment):
-        self.calls_left = self.backend.max_complete_calls
+        calls = Calls(self.backend.max_complete_calls)
         specs = episode_specs(units, segment)
         if not specs:
             return None
+        if self.prototypes is None:
+            self.prototypes = self.backend.embed([p for i in INTENTS for p in PROTOTYPES[i]])
         texts: dict[str, int] = {}  # every text embedded in this batch -> its row
         for spec in specs:
             for item in ([spec["summary"]] if spec["summary"] else []) + [
@@ -373,7 +384,7 @@ class Memory:
             self.since_causal += 1
             if self.since_causal >= CAUSAL_INTERVAL:
                 self.since_causal = 0
-                self._induce_causal()
+                self._induce_causal(calls)
         return None
 
     def _resolve_entities(self, specs: list[dict]) -> dict[str, int]:
@@ -483,12 +494,12 @@ class Memory:
             if key >= entity.last_key:
                 entity.last_point, entity.last_key = point_ids[-1], key
 
-    def _induce_causal(self) -> None:
+    def _induce_causal(self, calls: Calls) -> None:
         window = list(range(max(0, len(self.episodes) - CAUSAL_WINDOW), len(self.episodes)))
         if len(window) < 2:
             return
         events = "\n".join(f"E{i}: {self._brief(i, RERANK_SUMMARY_CHARS)}" for i in window)
-        reply = self._ask(causal_prompt(events), 400)
+        reply = self._ask(causal_prompt(events), 400, calls)
         data = parse_json(reply or "", "{")
         pairs = data.get("causal_pairs") if isinstance(data, dict) else None
         for pair in pairs if isinstance(pairs, list) else []:
@@ -512,23 +523,24 @@ class Memory:
     def retrieve(self, query):
         if not self.episodes:
             return ""
-        self.calls_left = self.backend.max_complete_calls
+        calls = Calls(self.backend.max_complete_calls)
         qvec = self.backend.embed([query.text])[0]
-        intents = self._route(query.text, qvec)
+        intents = self._route(query.text, qvec, calls)
         sims = {name: layer.matrix() @ qvec for name, layer in self.layers.items()}
         bundle = self._bundle(sims, edge_costs(intents))
-        chosen = self._rerank(query.text, bundle)
+        chosen = self._rerank(query.text, bundle, calls)
         return self._pack(chosen, sims)[:OUT_CHAR_BUDGET]
 
-    def _route(self, text: str, qvec: np.ndarray) -> set[str]:
+    def _route(self, text: str, qvec: np.ndarray, calls: Calls) -> set[str]:
         """N4: keyword triggers, then prototype similarity, then the LLM's intent scores."""
         lowered = " " + re.sub(r"[^a-z0-9']+", " ", text.lower()) + " "
         hits = {i for i, words in TRIGGERS.items() if any(f" {w} " in lowered for w in words)}
         if hits:
             return hits
-        if self.prototypes is None:
-            self.prototypes = self.backend.embed([p for i in INTENTS for p in PROTOTYPES[i]])
-        sims = self.prototypes @ qvec
+        prototypes = self.prototypes
+        if prototypes is None:  # a memory that indexed nothing
+            prototypes = self.backend.embed([p for i in INTENTS for p in PROTOTYPES[i]])
+        sims = prototypes @ qvec
         best, start = [], 0
         for intent in INTENTS:
             best.append(float(sims[start : start + len(PROTOTYPES[intent])].max()))
@@ -536,7 +548,7 @@ class Memory:
         order = sorted(range(len(INTENTS)), key=lambda i: -best[i])
         if best[order[0]] > PROTO_THRESHOLD and best[order[0]] - best[order[1]] > PROTO_MARGIN:
             return {INTENTS[order[0]]}
-        data = parse_json(self._ask(intent_prompt(text), 60) or "", "{")
+        data = parse_json(self._ask(intent_prompt(text), 60, calls) or "", "{")
         if not isinstance(data, dict):
             return set()
         chosen = {
@@ -600,14 +612,14 @@ class Memory:
             for other in self.causal.get(ep, []):
                 reach(other, d + costs["causal"] + HOP_COST)
 
-    def _rerank(self, question: str, bundle: list[int]) -> list[int]:
+    def _rerank(self, question: str, bundle: list[int], calls: Calls) -> list[int]:
         """N3: the LLM rates each episode 0-10; the RERANK_M best are kept, in rated order."""
         if not RERANK or len(bundle) <= RERANK_M:
             return bundle
         snippets = "\n".join(
             f"[{i}] {self._brief(ep, RERANK_SUMMARY_CHARS)}" for i, ep in enumerate(bundle)
         )
-        data = parse_json(self._ask(rerank_prompt(question, snippets), 300) or "", "[")
+        data = parse_json(self._ask(rerank_prompt(question, snippets), 300, calls) or "", "[")
         if not isinstance(data, list):
             return bundle
         rated: dict[int, float] = {}
@@ -669,15 +681,15 @@ class Memory:
         text = episode.summary or " ".join(episode.lines)
         return f"({episode.day}) {text[:size]}" if episode.day else text[:size]
 
-    def _ask(self, prompt: str, max_tokens: int) -> str | None:
-        """One counted LLM call, or None when the budget is spent or no LLM answers."""
-        if self.calls_left <= 0:
+    def _ask(self, prompt: str, max_tokens: int, calls: Calls) -> str | None:
+        """One call counted in ``calls``, or None when they are spent or no LLM answers."""
+        if calls.left <= 0:
             return None
-        self.calls_left -= 1
+        calls.left -= 1
         try:
             return self.backend.complete(prompt, max_tokens)
         except RuntimeError:  # BackendError: no task LLM, or its budget is spent
-            self.calls_left = 0
+            calls.left = 0
             return None
 
 
