@@ -6,8 +6,9 @@ chunks is built by each retrieval, which leaves the memory unchanged (a BM25 ind
 grow: rebuilt by every index call it would cost time quadratic in the sessions). Retrieval
 optionally expands the query with its RARE_TERMS rarest words (fewest chunks hold them),
 scores each chunk by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25 (scaled to 0-1 by the
-query's best chunk), gives each unit its best chunk's score times its role weight plus a recency prior
-(RECENCY_WEIGHT times the unit's position, 0 for the first unit and 1 for the last).
+query's best chunk), gives each unit its best chunk's score times its role weight plus a
+recency prior (RECENCY_WEIGHT times the unit's position, 0 for the first unit and 1 for the
+last).
 
 What counts as relevant reads that score alone: the hits are the TOP_K best units at or above
 MIN_SCORE and at or above RELATIVE_FLOOR times the query's best unit score. Length never
