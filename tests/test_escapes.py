@@ -17,6 +17,7 @@ import json
 import pickle
 import textwrap
 from dataclasses import make_dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,39 +31,12 @@ from contract.types import ContractError
 from sandbox import static
 from sandbox.static import REVIEWED_MEMBERS, Finding, check_source
 
-BASE = """from dataclasses import dataclass
-
-EXTRACTION_INSTRUCTION = "Extract facts."
-PLANNING_INSTRUCTION = "Plan a query."
-ANSWER_INSTRUCTION = "Answer."
-
-
-@dataclass
-class MemoryUnit:
-    content: str
-
-
-@dataclass
-class Query:
-    text: str
-
-
-class Memory:
-    def __init__(self, backend):
-        self.backend = backend
-        self.units = []
-
-    def index(self, units, segment):
-        self.units.extend(units)
-
-    def retrieve(self, query):
-        return "\\n".join(u.content for u in self.units)[:16000]
-"""
+MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 
 
 def program(head: str = "", tail: str = "", unit: str = "") -> str:
-    """BASE with ``head`` before it, ``unit`` lines in MemoryUnit and ``tail`` after it."""
-    source = BASE.replace("    content: str\n", "    content: str\n" + unit, 1)
+    """MINIMAL with ``head`` before it, ``unit`` lines in MemoryUnit and ``tail`` after it."""
+    source = MINIMAL.replace("    content: str\n", "    content: str\n" + unit, 1)
     return textwrap.dedent(head) + source + textwrap.dedent(tail)
 
 

@@ -146,7 +146,7 @@ def test_failing_program_scores_zero_and_is_not_cached(tasks: TaskSet, tmp_path:
 
 def test_unpicklable_memory_is_rebuilt_not_reused(tasks: TaskSet, tmp_path: Path):
     cache = tmp_path / "cache"
-    old = "        self.parts: list[np.ndarray] = []\n"
+    old = "        self.blocks: list[str] = []\n"
     path = variant(tmp_path, "lam", old, old + "        self.key = lambda x: x\n")
     run(path, tasks, cache)
     child = variant(tmp_path, "lam2", "TOP_K = 200", "TOP_K = 5", path.read_text())
@@ -156,7 +156,7 @@ def test_unpicklable_memory_is_rebuilt_not_reused(tasks: TaskSet, tmp_path: Path
 
 def test_an_unstorable_memory_is_counted_with_its_reason(tasks: TaskSet, tmp_path: Path):
     cache = tmp_path / "cache"
-    old = "        self.parts: list[np.ndarray] = []\n"
+    old = "        self.blocks: list[str] = []\n"
     path = variant(tmp_path, "lam", old, old + "        self.key = lambda x: x\n")
     child = variant(tmp_path, "lam2", "TOP_K = 200", "TOP_K = 5", path.read_text())
     for program in (path, child):  # the child builds it again: counted again, with the reason
@@ -203,7 +203,7 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
 
 
 def test_memory_bomb_in_index_is_contained(tasks: TaskSet, tmp_path: Path):
-    old = "        self.parts.append(self.backend.embed([u.content for u in units]))\n"
+    old = "        vectors = self.backend.embed([u.content for u in units])\n"
     bomb = (
         '        if any("->->" in u.content for u in units):\n            x = bytearray(10**11)\n'
     )

@@ -165,12 +165,12 @@ def test_temporal_bridge_between_dated_facts(program: LoadedProgram) -> None:
 def test_keyword_tier_routes_when_and_before_questions(program: LoadedProgram) -> None:
     backend = FakeBackend(script=lambda prompt: pytest.fail("the keyword tier needs no LLM"))
     memory = program.get("Memory")(backend)
-    memory.calls_left = backend.max_complete_calls
+    calls = program.get("Calls")(backend.max_complete_calls)
     for question in ("When did I move to Lisbon?", "What did I cook before the party?"):
         qvec = backend.embed([question])[0]
-        assert memory._route(question, qvec) == {"temporal"}
+        assert memory._route(question, qvec, calls) == {"temporal"}
     question = "Why did I quit the band?"
-    assert memory._route(question, backend.embed([question])[0]) == {"causal"}
+    assert memory._route(question, backend.embed([question])[0], calls) == {"causal"}
     assert memory.prototypes is None and backend.prompts == []
 
 
@@ -180,13 +180,13 @@ def test_llm_tier_scores_intents_and_multi_hop_suppresses_entity_centric(
     reply = {"temporal": 0.1, "causal": 0.3, "multi_hop": 0.9, "entity_centric": 0.6}
     backend = FakeBackend(script=lambda prompt: "Scores: " + json.dumps(reply))
     memory = program.get("Memory")(backend)
-    memory.calls_left = backend.max_complete_calls
+    calls = program.get("Calls")(backend.max_complete_calls)
     question = "Summarise my gardening plans"
-    assert memory._route(question, backend.embed([question])[0]) == {"multi_hop"}
+    assert memory._route(question, backend.embed([question])[0], calls) == {"multi_hop"}
     assert len(backend.prompts) == 1 and question in backend.prompts[0]
     offline = program.get("Memory")(FakeBackend())
-    offline.calls_left = 8
-    assert offline._route(question, backend.embed([question])[0]) == set()  # "general"
+    offline_calls = program.get("Calls")(8)
+    assert offline._route(question, backend.embed([question])[0], offline_calls) == set()
 
 
 # -- graph construction -------------------------------------------------------------------------

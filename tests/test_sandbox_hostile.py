@@ -88,35 +88,7 @@ def dense(*, top: str = "", init: str = "", index: str = "", retrieve: str = "")
     return src
 
 
-MINIMAL = '''"""A small complete memory program; cases edit it with str.replace."""
-from dataclasses import dataclass
-
-EXTRACTION_INSTRUCTION = "Extract facts."
-PLANNING_INSTRUCTION = "Plan a query."
-ANSWER_INSTRUCTION = "Answer."
-
-
-@dataclass
-class MemoryUnit:
-    content: str
-
-
-@dataclass
-class Query:
-    text: str
-
-
-class Memory:
-    def __init__(self, backend):
-        self.backend = backend
-        self.units = []
-
-    def index(self, units, segment):
-        self.units.extend(units)
-
-    def retrieve(self, query):
-        return "\\n".join(u.content for u in self.units)[:16000]
-'''
+MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 
 
 def minimal(*edits: tuple[str, str]) -> str:

@@ -21,6 +21,7 @@ import argparse
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             highlight=False,
         )
     text = export.export(store, meta.id, args.out, force=args.force)
+    scored = export.read_scored_as(text)  # how its scores were made (the header's record)
     report = {
         "candidate": name(store, meta),
         "out": str(args.out),
@@ -128,6 +130,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         "bytes": len(text.encode()),
         "frozen": meta.frozen,
         "check": "passed",
+        "scored_as": asdict(scored) if scored else None,
     }
     if not emit(args, report):
         out.print(
