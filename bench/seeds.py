@@ -1,4 +1,4 @@
-"""Benchmark: how much the default run's outcome varies with its search seed (issue 14).
+"""Benchmark: how much the default run's outcome varies with its search seed.
 
 A measurement script, not a test. It runs the README's main command, ``evolve run --bench
 beam``, once per search seed (``--search-seed 0 .. N-1``, arguments after ``--`` added to each

@@ -1,4 +1,4 @@
-"""Benchmark: what offline tuning can reach in a program's space of tunables (issue 14).
+"""Benchmark: what offline tuning can reach in a program's space of tunables.
 
 A measurement script, not a test. It runs the program **in process, with no sandbox host**, so
 give it only a trusted program (the project's seeds). Each variant is the program with some

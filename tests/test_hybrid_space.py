@@ -1,6 +1,6 @@
-"""seeds/hybrid.py's structural tunables (issue 14 §3): each one, moved from its default, changes
-what ``retrieve`` returns for some input; the widened seed still passes the sandbox at the
-extremes of its ranges."""
+"""seeds/hybrid.py's structural tunables: each one, moved from its default, changes what
+``retrieve`` returns for some input; the widened seed still passes the sandbox at the extremes
+of its ranges."""
 
 from __future__ import annotations
 
