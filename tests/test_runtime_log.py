@@ -3,6 +3,7 @@ is refused, a session id is logged once, snapshots are whole and filed by build 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -94,18 +95,21 @@ def test_snapshots_by_build_and_position(tmp_path: Path):
     store.put_snapshot("ana", 5, b"five")
     assert store.snapshot("ana", 10) == (5, b"five")
     assert store.snapshot("ana", 4) is None  # the older one was removed once the newer landed
+    assert store.snapshot("bob", 10) is None
+    store.close()
     other = Store(tmp_path, deployment(embedder="minilm"), "x = 1\n")  # another build
     assert other.snapshot("ana", 10) is None
-    assert store.snapshot("bob", 10) is None
 
 
 def test_switching_programs_keeps_the_previous_one(tmp_path: Path):
     first = Store(tmp_path, deployment("a" * 64), "first = 1\n")
     assert first.switched_from is None and first.previous_program() is None
+    first.close()
     second = Store(tmp_path, deployment("b" * 64), "second = 1\n")
     assert second.switched_from == "a" * 64
     previous = second.previous_program()
     assert previous is not None and previous.read_text() == "first = 1\n"
+    second.close()
     back = Store(tmp_path, deployment("a" * 64), "first = 1\n")  # roll back
     assert back.switched_from == "b" * 64 and back.manifest["active"] == "a" * 64
 
@@ -119,7 +123,15 @@ def test_scope_ids_cannot_name_paths(tmp_path: Path):
 
 
 def test_a_damaged_manifest_is_one_error(tmp_path: Path):
-    Store(tmp_path, deployment(), "x = 1\n")
+    Store(tmp_path, deployment(), "x = 1\n").close()
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(StoreError, match="manifest.json is unreadable"):
         Store(tmp_path, deployment(), "x = 1\n")
+
+
+def test_one_process_per_store(tmp_path: Path):
+    store = Store(tmp_path, deployment(), "x = 1\n")
+    with pytest.raises(StoreError, match=rf"open in another process \(PID {os.getpid()}\)"):
+        Store(tmp_path, deployment(), "x = 1\n")
+    store.close()
+    Store(tmp_path, deployment(), "x = 1\n").close()

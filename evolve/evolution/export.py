@@ -12,18 +12,28 @@ Invariants:
   header block (and the blank line after it) gives back the source whose sha256 it records.
   It must pass the sandbox check before anything is written; an existing file is replaced only
   when asked, atomically.
+- **An export says how it was scored.** Its header records the run's mode (offline: one unit
+  per message, the question as the query, the three instructions never run; or with a task
+  model), the task model, the embedder, and the embedding precision and evaluator version
+  (:func:`evolve.session.evaluator_version`) of the installation that exports it, which are
+  those its scores came from when the run was scored there (the stage cache keys every output
+  on them). :func:`read_scored_as` parses that block back (:class:`ScoredAs`); the runtime
+  compares it with what it runs (:mod:`evolve.runtime`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from contract.spec import CONTRACT_VERSION
+from evolve.config import ConfigError, stored_config
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import ancestry, fitness_mode, scores, transfer, transfer_lines
 from evolve.files import write_atomic
+from evolve.models.embed import precision
 from sandbox.check import check_program
 
 TEST_SPLIT = "test"
@@ -31,8 +41,81 @@ HEADER_MARK = "# PrisMem export"
 _CODING = re.compile(r"[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")  # a PEP 263 encoding line
 
 
+OFFLINE = "offline"
+ONLINE = "task model"
+OFFLINE_MEANS = "one unit per message, the question as the query, the instructions never run"
+SCORED_AS = "# scored as: "
+_SCORED_FIELDS = {"task model": "task_model", "embedder": "embedder", "precision": "precision",
+                  "evaluator version": "evaluator_version"}  # fmt: skip
+
+
 class ExportError(Exception):
     """A candidate cannot be exported; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class ScoredAs:
+    """How a program was scored: what a deployment must match to behave as scored."""
+
+    mode: str  # OFFLINE or ONLINE
+    task_model: str | None  # the litellm id; None offline
+    embedder: str  # "minilm" or "hashing"
+    precision: str  # the embedding precision (evolve.models.embed.precision)
+    evaluator_version: str
+
+    def lines(self) -> list[str]:
+        """The header lines that record it (read back by :func:`read_scored_as`)."""
+        mode = f"{OFFLINE} ({OFFLINE_MEANS})" if self.mode == OFFLINE else ONLINE
+        return [f"{SCORED_AS}{mode}", f"#   task model: {self.task_model or 'none'}",
+                f"#   embedder: {self.embedder}", f"#   precision: {self.precision}",
+                f"#   evaluator version: {self.evaluator_version}"]  # fmt: skip
+
+    def differences(self, other: ScoredAs) -> list[str]:
+        """``field: ours -> theirs`` for each field where ``other`` differs."""
+        pairs = [("mode", self.mode, other.mode),
+                 ("task model", self.task_model, other.task_model),
+                 ("embedder", self.embedder, other.embedder),
+                 ("precision", self.precision, other.precision),
+                 ("evaluator version", self.evaluator_version[:12],
+                  other.evaluator_version[:12])]  # fmt: skip
+        return [f"{name} {a or 'none'} -> {b or 'none'}" for name, a, b in pairs if a != b]
+
+
+def scored_as(store: RunStore) -> ScoredAs:
+    """How the run's candidates were scored: its config's task model and embedder, with this
+    installation's precision and evaluator version."""
+    from evolve.session import evaluator_version  # the engine: loaded only when exporting
+
+    config = stored_config(store.manifest, store.run_id)
+    model = config.task_model.model if config.task_model else None
+    return ScoredAs(OFFLINE if model is None else ONLINE, model, config.embedder, precision(),
+                    evaluator_version())  # fmt: skip
+
+
+def read_scored_as(text: str) -> ScoredAs | None:
+    """The :class:`ScoredAs` an exported file's header records; None when the file has no such
+    header (not an export, or one from before the header recorded it)."""
+    _, body = split_preamble(text)
+    lines = body.splitlines()
+    if not lines or not lines[0].startswith(HEADER_MARK):
+        return None
+    fields: dict[str, str | None] = {}
+    header = lines[1:]
+    for k, line in enumerate(header):
+        if not line.startswith("#"):
+            return None  # the header block ended without the record
+        if line.startswith(SCORED_AS):
+            fields["mode"] = OFFLINE if line[len(SCORED_AS) :].startswith(OFFLINE) else ONLINE
+            for item in header[k + 1 : k + 1 + len(_SCORED_FIELDS)]:
+                name, _, value = item.removeprefix("#   ").partition(": ")
+                if name in _SCORED_FIELDS:
+                    fields[_SCORED_FIELDS[name]] = None if value == "none" else value.strip()
+            break
+    if set(fields) != {"mode", *_SCORED_FIELDS.values()}:
+        return None
+    if (fields["mode"] == OFFLINE) != (fields["task_model"] is None):
+        return None
+    return ScoredAs(**fields)  # type: ignore[arg-type]
 
 
 # --- export -------------------------------------------------------------------------------
@@ -60,6 +143,7 @@ def header(store: RunStore, meta: CandidateMeta, when: datetime | None = None) -
         f"# exported: {when.isoformat(timespec='seconds')}",
         f"# source sha256: {meta.source_sha256} (this file without this block and the blank "
         "line after it)",
+        *scored_as(store).lines(),
         f"# scores (fitness: {fitness_mode(store.manifest)['name']}):",
     ]
     for split in ("valid", "train", TEST_SPLIT):
@@ -94,7 +178,10 @@ def export(store: RunStore, candidate_id: str, out: Path, *, force: bool = False
         raise ExportError(f"{out} exists; pass --force to overwrite it")
     if not out.parent.is_dir():
         raise ExportError(f"cannot write {out}: folder {out.parent} does not exist")
-    text = export_text(store, meta)
+    try:
+        text = export_text(store, meta)
+    except ConfigError as exc:
+        raise ExportError(str(exc)) from None
     report = check_program(text, str(out))
     if not report.passed:
         raise ExportError(f"{store.run_id}/{meta.id} does not pass the sandbox: "

@@ -25,11 +25,16 @@ Invariants:
   earlier program's snapshots still serve it when it is made active again.
 - **Scopes are folders named by the sha256 of the scope id**, so no scope id can name a path
   outside its folder or another scope's.
+- **One process per store.** An open :class:`Store` holds an exclusive ``flock`` on
+  ``<store>/lock`` until :meth:`Store.close` or the process's death (the kernel releases it,
+  kill -9 included); a second open is refused in one line naming the holder's PID. So the
+  temporary files a killed writer left (``.tmp-*``) are removed on open.
 - The manifest is replaced atomically (:func:`evolve.files.write_atomic`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -87,6 +92,17 @@ class Store:
             (root / "programs").mkdir(exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot use store {root}: {exc.strerror or exc}") from None
+        self._lock_fd: int | None = _lock(root)
+        try:
+            self._open(source)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, source: str) -> None:
+        root, deployment = self.root, self.deployment
+        for stale in root.glob("**/.tmp-*"):  # a killed writer's; no other writer holds the lock
+            stale.unlink(missing_ok=True)
         manifest = self._read_manifest()
         programs: dict[str, Any] = manifest.setdefault("programs", {})
         sha = deployment.program_sha256
@@ -106,6 +122,12 @@ class Store:
         entry["last_used"] = now
         self.manifest = manifest
         write_atomic(root / "manifest.json", json.dumps(manifest, indent=1).encode(), mode=0o600)
+
+    def close(self) -> None:
+        """Release the store's lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _read_manifest(self) -> dict[str, Any]:
         path = self.root / "manifest.json"
@@ -162,3 +184,17 @@ class Store:
                     os.unlink(path)
                 except OSError:
                     pass
+
+
+def _lock(root: Path) -> int:
+    """The store's exclusive lock (a descriptor), or StoreError naming the holder."""
+    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreError(f"store {root} is open in another process (PID {holder})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -1,0 +1,267 @@
+"""The public API: an evolved program as the memory of a live agent.
+
+Owns :func:`open_memory`, :class:`AgentMemory` and :class:`AgentMemoryError`::
+
+    memory = evolve.open_memory("best.py", store="memstore", model=None, embedder="minilm")
+    memory.add([{"role": "user", "content": "I moved to Lyon"}], user="ana", date="2024-05-01")
+    memory.context("Where does Ana live?", user="ana")  # the program's retrieved text
+    memory.answer("Where does Ana live?", user="ana")   # needs a task model
+    memory.close()
+
+Invariants:
+
+- **Deployed = evaluated.** The program runs through the pipeline evaluation runs
+  (:class:`evolve.pipeline.Pipeline`), with the task model and embedder built exactly as
+  evaluation builds them (:func:`evolve.worker.make_llm`, :func:`~evolve.worker.make_embedder`
+  from a :class:`~evolve.worker.WorkerConfig`): ``context()`` for a question is the retrieved
+  text evaluation scores for it, given the same sessions in the same order.
+- **The program is checked and confined.** It must pass the sandbox check
+  (:func:`sandbox.check.check_program`) before it runs; it runs only in confined hosts, one per
+  user (:mod:`.scopes`).
+- **Said once, never silent.** With no task model the runtime uses the offline stand-ins (one
+  unit per message, the question as the query, no answer) and says so in one line; when the
+  program is an export whose header records another mode, task model, embedder, precision or
+  evaluator version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
+  says so in one line naming each difference.
+- **One session per ``add``, closed when ``add`` returns.** There is no open session: the
+  messages of one ``add`` are one session (one ``Memory.index`` call, with its date), durable in
+  the scope's log and indexed before ``add`` returns, and every later ``context()`` of that
+  user sees it. An agent that wants finer sessions calls ``add`` more often; one that wants
+  coarser ones buffers messages itself.
+- **Retries do not double.** A session id names a session: ``add`` with an id the user's log
+  holds writes and indexes nothing and returns False (pass ids to make retries idempotent;
+  without one, a fresh id is made).
+- Bad arguments raise :class:`AgentMemoryError` with one line.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from contract.spec import CONTRACT_VERSION
+from contract.types import Message, Segment
+from evolve.evolution.export import OFFLINE, OFFLINE_MEANS, ONLINE, ScoredAs, read_scored_as
+from evolve.models.embed import precision
+from evolve.models.llm import ModelConfig
+from evolve.pipeline import Pipeline
+from evolve.runtime.log import LogError
+from evolve.runtime.scopes import Scopes
+from evolve.runtime.store import Deployment, Store, StoreError
+from evolve.session import evaluator_version
+from evolve.worker import WorkerConfig, make_embedder, make_llm
+from sandbox.check import check_program
+
+MAX_LIVE = 8  # confined hosts kept started (one per user)
+SNAPSHOT_EVERY = 64  # sessions added to a memory between two snapshots of it
+CALL_PREFIX = "runtime"  # task-model calls are labelled runtime/extract, runtime/plan, ...
+
+
+class AgentMemoryError(Exception):
+    """A runtime call that cannot be served as asked; the message is one line."""
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def open_memory(
+    program: str | Path,
+    store: str | Path,
+    *,
+    model: str | None = None,
+    embedder: str = "minilm",
+    max_live: int = MAX_LIVE,
+    snapshot_every: int = SNAPSHOT_EVERY,
+    notice: Callable[[str], None] = _say,
+    config: WorkerConfig | None = None,
+) -> AgentMemory:
+    """Open ``program`` (a memory program file, e.g. from ``evolve export``) over the store
+    folder ``store`` (created if need be). ``model``: a litellm id for the task model, or None
+    for the offline stand-ins; ``embedder``: ``minilm`` or ``hashing`` (a test double).
+    ``config`` replaces ``model`` and ``embedder`` by a whole worker configuration (what an
+    evaluation runs with). ``notice`` receives the runtime's one-line notices (default:
+    stderr)."""
+    path = Path(program)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AgentMemoryError(f"cannot read program {path}: {exc}") from None
+    root = Path(store)
+    if config is None:
+        if embedder not in ("minilm", "hashing"):
+            raise AgentMemoryError(f"unknown embedder {embedder!r} (use minilm or hashing)")
+        task = ModelConfig(model=model) if model else None
+        config = WorkerConfig(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
+                              call_prefix=CALL_PREFIX)  # fmt: skip
+    if max_live < 1 or snapshot_every < 1:
+        raise AgentMemoryError("max_live and snapshot_every are at least 1")
+    report = check_program(source, str(path))
+    if report.program is None:
+        raise AgentMemoryError(f"{path} does not pass the sandbox: {report.repair_text()}")
+    return AgentMemory(report.program.source, str(path), report.program.digest, root, config,
+                       max_live=max_live, snapshot_every=snapshot_every,
+                       notice=notice)  # fmt: skip
+
+
+class AgentMemory:
+    """An evolved program over a store: ``add``, ``context``, ``answer`` per user."""
+
+    def __init__(
+        self,
+        source: str,
+        path: str,
+        digest: str,
+        root: Path,
+        config: WorkerConfig,
+        *,
+        max_live: int,
+        snapshot_every: int,
+        notice: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        task = config.task_model.model if config.task_model else None
+        running = ScoredAs(OFFLINE if task is None else ONLINE, task, config.embedder,
+                           precision(), evaluator_version())  # fmt: skip
+        self.deployment = Deployment(digest, CONTRACT_VERSION, running.evaluator_version, task,
+                                     config.embedder, running.precision)  # fmt: skip
+        try:
+            self.store = Store(root, self.deployment, source)
+        except (StoreError, OSError) as exc:
+            raise AgentMemoryError(str(exc)) from None
+        try:
+            if task is None:
+                notice(f"runtime: no task model: offline stand-ins ({OFFLINE_MEANS}; no answers)")
+            scored = read_scored_as(source)
+            if scored is not None and scored.differences(running):
+                notice(f"runtime: {path} was scored otherwise than it runs here: "
+                       f"{'; '.join(scored.differences(running))}")  # fmt: skip
+            if self.store.switched_from:
+                notice(f"runtime: store {root} switched to this program from "
+                       f"{self.store.switched_from[:12]}: memories are rebuilt from the logs "
+                       "(the previous program stays in the store to roll back to)")  # fmt: skip
+            self._llm = make_llm(config)
+            self._embedder = make_embedder(config.embedder, config.cache_dir)
+
+            def pipeline() -> Pipeline:
+                return Pipeline(source, path, llm=self._llm, embedder=self._embedder,
+                                call_prefix=config.call_prefix,
+                                max_complete_calls=config.max_complete_calls,
+                                step_seconds=config.step_seconds,
+                                llm_concurrency=config.llm_concurrency)  # fmt: skip
+
+            self._scopes = Scopes(self.store, pipeline, max_live=max_live,
+                                  snapshot_every=snapshot_every, notice=notice)  # fmt: skip
+        except BaseException:
+            self.store.close()
+            raise
+        self._closed = threading.Event()
+
+    # -- the verbs -------------------------------------------------------------------------
+
+    def add(
+        self,
+        messages: Iterable[Mapping[str, Any] | Message],
+        *,
+        user: str,
+        date: str | None = None,
+        session_id: str | None = None,
+    ) -> bool:
+        """Add one session (``messages``, each ``{"role", "content"}`` with an optional
+        ``"id"``) to ``user``'s memory; durable and indexed when it returns. False when the
+        user's log already holds ``session_id`` (nothing is added again)."""
+        segment = _segment(messages, date, session_id)
+        _, new = self._serve(user, lambda: self._scopes.add(user, segment))
+        return bool(new)
+
+    def context(self, question: str, *, user: str, date: str | None = None) -> str:
+        """The program's retrieved text for ``question`` over ``user``'s memory (at most
+        :data:`~contract.spec.OUT_CHAR_BUDGET` characters)."""
+        question = _text(question, "question")
+        text = self._serve(user, lambda: self._scopes.run(
+            user, lambda live, _: live.pipeline.retrieve(live.pipeline.plan(question, date)).text
+        ))  # fmt: skip
+        return str(text)
+
+    def answer(self, question: str, *, user: str, date: str | None = None) -> str:
+        """The task model's answer to ``question`` from its context, under the program's
+        answer instruction."""
+        if self._llm is None:
+            raise AgentMemoryError("answer() needs a task model (open_memory(..., model=...))")
+        question = _text(question, "question")
+
+        def step(live: Any, _: Any) -> str:
+            found = live.pipeline.retrieve(live.pipeline.plan(question, date))
+            return str(live.pipeline.answer(question, date, found.text))
+
+        return str(self._serve(user, lambda: self._scopes.run(user, step)))
+
+    def history(self, user: str) -> list[Segment]:
+        """The sessions in ``user``'s log, in order (what the memory is built from)."""
+        return list(self._serve(user, lambda: self.store.open_log(user).sessions))
+
+    @property
+    def previous_program(self) -> Path | None:
+        """The program this store ran before the current one (open it again to roll back)."""
+        return self.store.previous_program()
+
+    def live_hosts(self) -> int:
+        return self._scopes.live_count()
+
+    def close(self) -> None:
+        """Snapshot every live memory and close its host; the store stays."""
+        if not self._closed.is_set():
+            self._closed.set()
+            try:
+                self._scopes.close()
+            finally:
+                self.store.close()
+
+    def __enter__(self) -> AgentMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _serve(self, user: str, fn: Callable[[], Any]) -> Any:
+        if self._closed.is_set():
+            raise AgentMemoryError("this memory is closed")
+        if not isinstance(user, str) or not user:
+            raise AgentMemoryError("user is a non-empty string (the scope id)")
+        try:
+            return fn()
+        except (StoreError, LogError) as exc:
+            raise AgentMemoryError(str(exc)) from None
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise AgentMemoryError(f"{what} is a string, got {type(value).__name__}")
+    return value
+
+
+def _segment(
+    messages: Iterable[Mapping[str, Any] | Message], date: str | None, session_id: str | None
+) -> Segment:
+    """One session of the caller's messages; message ids default to ``<session id>.<k>``."""
+    if date is not None and not isinstance(date, str):
+        raise AgentMemoryError(f"date is an ISO date string or None, got {type(date).__name__}")
+    sid = uuid.uuid4().hex if session_id is None else _text(session_id, "session_id")
+    out = []
+    for k, m in enumerate(list(messages)):
+        if isinstance(m, Message):
+            out.append(m)
+            continue
+        if not isinstance(m, Mapping) or not isinstance(m.get("content"), str):
+            raise AgentMemoryError(f"message {k} is not a mapping with a string 'content'")
+        role = m.get("role", "user")
+        if not isinstance(role, str):
+            raise AgentMemoryError(f"message {k}: role is a string")
+        out.append(Message(str(m.get("id", f"{sid}.{k}")), role, m["content"]))
+    if not out:
+        raise AgentMemoryError("a session holds at least one message")
+    return Segment(sid, date, tuple(out))
