@@ -158,7 +158,7 @@ def retrieve_mutations(tree: ast.Module) -> list[Issue]:
         if (id(fn), tainted) in seen:
             continue
         seen.add((id(fn), tainted))
-        walk = _Walk(program, fn, tainted)
+        walk = _Walk(program, fn, tainted, entry=fn is start)
         for issue in walk.issues():
             issues.setdefault((issue[1], issue[2]), issue)
         walk.bound_methods()
@@ -170,9 +170,14 @@ class _Walk:
     """One function, with the names that alias the memory's state on entry (``tainted``)."""
 
     def __init__(
-        self, program: _Program, fn: ast.FunctionDef | ast.AsyncFunctionDef, tainted: frozenset[str]
+        self,
+        program: _Program,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef,
+        tainted: frozenset[str],
+        entry: bool,
     ) -> None:
         self.program = program
+        self.entry = entry
         self.fn = fn
         owner = program.owner.get(id(fn))
         self.owner = owner
@@ -234,13 +239,13 @@ class _Walk:
 
     def issues(self) -> list[Issue]:
         out: list[Issue] = []
-        suffix = "" if self.fn.name == "retrieve" else f" ({self.where} is reached from retrieve)"
+        suffix = "" if self.entry else f" ({self.where} is reached from retrieve)"
         for node in self.nodes:
             for target in _targets(node):
                 if self.alias(target):
                     kind = "deleted" if isinstance(node, ast.Delete) else "assigned"
                     problem = f"retrieve changes the memory: '{_shown(target)}' is {kind}{suffix}"
-                    out.append(("retrieve-mutation", node.lineno, problem, _FIX))
+                    out.append(("retrieve-mutation", target.lineno, problem, _FIX))
             if isinstance(node, ast.Call):
                 out += self._call(node, suffix)
         return out
