@@ -78,18 +78,77 @@ def _bounded(cast: Callable[[str], Any], test: Callable[[Any], bool], what: str)
     return parse
 
 
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# Upper bounds of the numeric flags: what the machine allows (worker processes per CPU), what a
+# model reply, a request or a wait can sensibly take, what a run can get through.
+JOBS_PER_CPU = 4  # worker processes per CPU (a worker waiting on a model call uses no CPU)
+MAX_REPLY_TOKENS = 1_000_000
+MAX_LLM_CONCURRENCY = 1024
+MAX_LLM_TIMEOUT_S = 3600.0
+MAX_WATCH_S = 86400
+MAX_REPAIRS = 100
+MAX_ROUNDS = 1000  # per stage
+MAX_CHILDREN = 64  # children per round: each is proposed, then all are evaluated at once
+MAX_CONVERSATIONS = 1_000_000
+MAX_TOKENS_CAP = 10**15
+
+
+def _ranged(cast: Callable[[str], Any], low: float, high: float, what: str) -> Any:
+    """An argparse ``type``: a finite number ``cast`` from the text within ``[low, high]``."""
+    return _bounded(cast, lambda v: math.isfinite(v) and low <= v <= high, what)
+
+
 # The argparse types of every command's numeric flags (one definition, shared).
 positive_int = _bounded(int, lambda v: v >= 1, "an integer >= 1")
 non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 positive_float = _bounded(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-# ``--conversations``: a count, or "all" (the whole splits; the run's config stores None)
+reply_tokens = _ranged(int, 1, MAX_REPLY_TOKENS, f"an integer from 1 to {MAX_REPLY_TOKENS:,}")
+llm_concurrency = _ranged(
+    int, 1, MAX_LLM_CONCURRENCY, f"an integer from 1 to {MAX_LLM_CONCURRENCY}"
+)
+llm_timeout = _bounded(
+    float,
+    lambda v: math.isfinite(v) and 0 < v <= MAX_LLM_TIMEOUT_S,
+    f"a number of seconds > 0 and at most {MAX_LLM_TIMEOUT_S:g} (one hour)",
+)
+watch_seconds = _ranged(int, 1, MAX_WATCH_S, f"an integer from 1 to {MAX_WATCH_S} (a day)")
+repairs_count = _ranged(int, 0, MAX_REPAIRS, f"an integer from 0 to {MAX_REPAIRS}")
+token_cap = _ranged(int, 0, MAX_TOKENS_CAP, f"an integer from 0 to {MAX_TOKENS_CAP:.0e}")
+children_count = _ranged(int, 1, MAX_CHILDREN, f"an integer from 1 to {MAX_CHILDREN}")
+minibatch_count = _ranged(int, 1, MAX_CONVERSATIONS, f"an integer from 1 to {MAX_CONVERSATIONS:,}")
+# ``--conversations``: a count, or "all" (the whole splits; the run's config stores None); a
+# count larger than a split holds is refused where the split is read (the data's bound)
 conversation_count = _bounded(
     lambda t: t if t == "all" else int(t),
-    lambda v: v == "all" or v >= 1,
-    "an integer >= 1 or 'all'",
+    lambda v: v == "all" or 1 <= v <= MAX_CONVERSATIONS,
+    f"an integer from 1 to {MAX_CONVERSATIONS:,} or 'all'",
 )
+
+
+def jobs_count(text: str) -> int:
+    """``--jobs``: worker processes, at most :data:`JOBS_PER_CPU` per CPU of this machine."""
+    most = JOBS_PER_CPU * machine_cpus()
+    what = f"an integer from 1 to {most} ({JOBS_PER_CPU} per CPU; this machine has " \
+        f"{machine_cpus()})"  # fmt: skip
+    value: int = _ranged(int, 1, most, what)(text)
+    return value
+
+
+def split_name(text: str) -> str:
+    """``--split``: a split's name; an empty or blank one is refused (it is not the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a split, got {text!r} (leave the flag out "
+                                         "for the default)")  # fmt: skip
+    return text
 
 
 def read_program(path: Path, what: str = "program file") -> str:
@@ -185,22 +244,27 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--task-max-tokens",
-        type=positive_int,
+        type=reply_tokens,
         default=1024,
         help="reply limit of the task model per call (default 1024)",
     )
     parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
-    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--jobs",
+        type=jobs_count,
+        default=2,
+        help=f"worker processes, at most {JOBS_PER_CPU} per CPU (default 2)",
+    )
     parser.add_argument(
         "--llm-concurrency",
-        type=positive_int,
+        type=llm_concurrency,
         default=None,
         help="LLM requests in flight at once for the whole run on this machine, all worker "
         "processes together; lowered on rate limits (default 16)",
     )
     parser.add_argument(
         "--llm-timeout",
-        type=positive_float,
+        type=llm_timeout,
         default=None,
         help="seconds one LLM request may take before it is abandoned and retried (default 120)",
     )

@@ -28,7 +28,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from evolve.cli.common import ProgressBar, UsageError, err, out, positive_int
+from evolve.cli.common import ProgressBar, UsageError, err, jobs_count, out, watch_seconds
 from evolve.cli.eval import ceiling_line
 from evolve.cli.inspect import CANDIDATE_HELP, command, emit, name, open_run, resolve, run_command
 from evolve.datasets.types import CAPABILITY_NAMES
@@ -43,7 +43,7 @@ def add_commands(sub: Any) -> None:
     freeze = command(sub, "freeze", "mark a candidate final and score it once on test", run=True)
     freeze.add_argument("candidate", help=CANDIDATE_HELP)
     freeze.add_argument("--data-dir", type=Path, help="benchmark data root (default: the run's)")
-    freeze.add_argument("--jobs", type=positive_int, help="worker processes (default: the run's)")
+    freeze.add_argument("--jobs", type=jobs_count, help="worker processes (default: the run's)")
     freeze.add_argument("--cache-dir", help="stage and embedding caches (default: the run's)")
     freeze.add_argument(
         "--embedder", choices=["minilm", "hashing"], help="embedder (default: the run's)"
@@ -58,7 +58,7 @@ def add_commands(sub: Any) -> None:
     report = command(sub, "report", "write a run's self-contained HTML report")
     report.add_argument("run", nargs="?", help="run id (default: newest)")
     report.add_argument("--out", type=Path, help="the HTML file (default: <run>/report.html)")
-    report.add_argument("--watch", type=positive_int, nargs="?", const=10, metavar="SECONDS",
+    report.add_argument("--watch", type=watch_seconds, nargs="?", const=10, metavar="SECONDS",
                         help="rewrite it as the run goes, looking every SECONDS (default 10; "
                         "the page reloads itself) until the run is finished or Ctrl-C")  # fmt: skip
 

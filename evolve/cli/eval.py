@@ -35,6 +35,7 @@ from evolve.cli.common import (
     out,
     probability,
     read_program,
+    split_name,
     task_config,
 )
 from evolve.datasets.benches import load_taskset
@@ -53,6 +54,7 @@ def add_eval(sub: Any) -> None:
     ev.add_argument("--program", required=True, type=Path, help="memory program file (.py)")
     ev.add_argument(
         "--split",
+        type=split_name,
         default=None,
         help="BEAM: train | valid (default) | holdout | test | all | all:<size> (e.g. all:1M); "
         "LoCoMo: train | valid | test | all (default); LongMemEval: see README",
@@ -82,7 +84,7 @@ def add_compare_check(sub: Any) -> None:
         "programs", nargs="*", type=Path,
         help="program files (default: the shipped seeds and reference programs)",
     )  # fmt: skip
-    cmp_.add_argument("--split", default=None, help="as for eval")
+    cmp_.add_argument("--split", type=split_name, default=None, help="as for eval")
     cmp_.add_argument("--model", default="none", help="task LLM (litellm id) or 'none'")
     cmp_.add_argument("--json", action="store_true", help="print one JSON object")
     add_slice(cmp_)
@@ -104,9 +106,14 @@ def add_slice(parser: argparse.ArgumentParser) -> None:
 
 
 def sliced(tasks: TaskSet, given: int | str) -> TaskSet:
-    """``tasks`` cut to ``--conversations`` (said on stderr when it cuts)."""
+    """``tasks`` cut to ``--conversations`` (said on stderr when it cuts); a count above what
+    the split holds is a UsageError (it would silently read the whole split)."""
     if given == "all":
         return tasks
+    if int(given) > len(tasks.conversations):
+        raise UsageError(f"--conversations {given}: {tasks.bench} {tasks.split} holds "
+                         f"{len(tasks.conversations)} conversations (use at most that, or "
+                         "'all')")  # fmt: skip
     kept = tasks.first(int(given))
     err.print(f"{tasks.bench} {tasks.split}: its first {len(kept.conversations)} of "
               f"{len(tasks.conversations)} conversations ({len(kept.questions)} questions)",
@@ -159,6 +166,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         fetch_beam(root, ["100K", "1M"])
         tasks = load_taskset(args.bench, root, args.split)
     tasks = sliced(tasks, args.conversations)
+    args.jobs = min(args.jobs, max(1, len(tasks.conversations)))  # a worker per conversation
     task_model = task_config(args)
     if task_model is None:
         err.print(

@@ -21,21 +21,26 @@ from rich.markup import escape
 from rich.table import Table
 
 from evolve.cli.common import (
+    MAX_ROUNDS,
     ProgressBar,
     UsageError,
     add_run_options,
+    children_count,
     conversation_count,
     data_dir,
     default_cache_dir,
     err,
     llm_flags,
+    minibatch_count,
     model_flag,
     non_negative_float,
     non_negative_int,
     out,
-    positive_int,
     read_program,
+    repairs_count,
+    reply_tokens,
     task_config,
+    token_cap,
 )
 from evolve.config import (
     CHILDREN,
@@ -84,13 +89,13 @@ def add_command(sub: Any) -> None:
     )
     run.add_argument(
         "--coder-max-tokens",
-        type=positive_int,
+        type=reply_tokens,
         default=None,
         help="reply limit of the coder model (default 8192: a reply may be a whole program)",
     )
     run.add_argument(
         "--repairs",
-        type=non_negative_int,
+        type=repairs_count,
         default=None,
         help="repair attempts after a proposal fails to apply or fails the sandbox (default 3)",
     )
@@ -98,7 +103,7 @@ def add_command(sub: Any) -> None:
         "--max-usd", type=non_negative_float, default=None, help="stop before spending more USD"
     )
     run.add_argument(
-        "--max-tokens", type=non_negative_int, default=None, help="stop before more LLM tokens"
+        "--max-tokens", type=token_cap, default=None, help="stop before more LLM tokens"
     )
     run.add_argument(
         "--dry-run", action="store_true", help="print the work and cost estimate; run nothing"
@@ -118,13 +123,13 @@ def add_command(sub: Any) -> None:
     )
     run.add_argument(
         "--children",
-        type=positive_int,
+        type=children_count,
         default=CHILDREN,
         help=f"children proposed per round, evaluated concurrently (default {CHILDREN})",
     )
     run.add_argument(
         "--minibatch",
-        type=positive_int,
+        type=minibatch_count,
         default=MINIBATCH,
         help="train conversations (where the parent fails most) a child is screened on before "
         f"full train + valid (default {MINIBATCH})",
@@ -191,11 +196,12 @@ def add_command(sub: Any) -> None:
 def _run_config(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
     try:
-        counts = [int(x) for x in (args.rounds or "2,6,2").split(",")]
+        counts = [int(x) for x in (args.rounds if args.rounds is not None else "2,6,2").split(",")]
     except ValueError:
         counts = []
-    if len(counts) != 3 or min(counts) < 0:
-        raise UsageError("--rounds takes three non-negative numbers, e.g. 2,6,2")
+    if len(counts) != 3 or min(counts) < 0 or max(counts) > MAX_ROUNDS:
+        raise UsageError(f"--rounds takes three numbers from 0 to {MAX_ROUNDS}, e.g. 2,6,2; got "
+                         f"{args.rounds!r}")  # fmt: skip
     rounds = dict(zip(("cold_start", "refinement", "integration"), counts, strict=True))
     if args.no_integration:
         rounds["integration"] = 0
@@ -226,7 +232,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
             raise UsageError(f"run {args.resume} keeps the guards it started with "
                              f"({', '.join(config.guards) or 'none'}); --guard cannot change "
                              "them (start a new run)")  # fmt: skip
-        if args.rounds:
+        if args.rounds is not None:
             caps["rounds"] = rounds
         return config.replace(**caps)
     task = task_config(args)
@@ -330,15 +336,21 @@ def _check_seed(seed: str) -> None:
         raise UsageError(f"seed program {seed}: {report.repair_text()}")
 
 
-def _check_tasks(config: RunConfig) -> None:
-    """Refuse, before a run is created, splits that leave nothing to evaluate and guards that
-    do not load, are empty or share a conversation with train or valid."""
+def _check_tasks(config: RunConfig, given: int | str | None) -> None:
+    """Refuse, before a run is created, splits that leave nothing to evaluate, a
+    ``--conversations`` count (``given``) above what train or valid holds, and guards that do
+    not load, are empty or share a conversation with train or valid."""
     from evolve.evolution.loop import guard_sets, task_set
     from evolve.executor import EvalError, check_evaluable
 
     try:
         for split in SPLITS:
-            check_evaluable(task_set(config, split))
+            tasks = task_set(config, split)
+            check_evaluable(tasks)
+            if given not in (None, "all") and len(tasks.conversations) < int(str(given)):
+                raise UsageError(f"--conversations {given}: {config.bench} {split} holds "
+                                 f"{len(tasks.conversations)} conversations (use at most that, "
+                                 "or 'all')")  # fmt: skip
         for _, tasks in guard_sets(config):
             check_evaluable(tasks)
     except (EvalError, DataError) as exc:
@@ -383,7 +395,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     bar = ProgressBar(sum(config.rounds.values()), not args.no_progress, "round")
     if not args.resume:
         _check_seed(config.seed_program)
-        _check_tasks(config)
+        _check_tasks(config, args.conversations)
     store = _open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
     try:
