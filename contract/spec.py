@@ -44,7 +44,7 @@ load-time checks (:mod:`contract.program`), the component fingerprints
 
 from __future__ import annotations
 
-CONTRACT_VERSION = "1"  # bump when a program valid under the old contract may not be now
+CONTRACT_VERSION = "2"  # bump when a program valid under the old contract may not be now
 OUT_CHAR_BUDGET = 16_000
 
 # The pipeline components, in pipeline order.
