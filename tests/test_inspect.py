@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,13 @@ import pytest
 from contract.spec import CONTRACT_VERSION
 from evolve.cli.main import main
 from evolve.evolution.archive import fitness
-from evolve.evolution.export import HEADER_MARK, split_preamble
+from evolve.evolution.export import HEADER_MARK, ScoredAs, read_scored_as, split_preamble
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
+from evolve.models.embed import precision
 from evolve.scoring import fmt_score
 from evolve.scoring.fitness import retrieval_fitness
+from evolve.session import evaluator_version
 from sandbox.check import check_program
 from sandbox.fingerprint import fingerprints
 
@@ -365,6 +368,11 @@ def test_export_writes_a_standalone_checked_program(
         assert needle in header, needle
     assert fingerprints(text) == fingerprints(source)
     assert check_program(text, str(target)).passed
+    config = store.manifest["config"]  # how it was scored, recorded and read back
+    scored = read_scored_as(text)
+    assert scored == ScoredAs("offline", None, config["embedder"], precision(), evaluator_version())
+    assert config["task_model"] is None and report["scored_as"] == asdict(scored)
+    assert read_scored_as(body(text)) is None
 
     code, _, err = cli(
         capsys, "export", f"{RUN}/c0001", "--out", str(target), "--runs-dir", str(runs)
