@@ -2,8 +2,8 @@
 
 Owns the prompt templates, the extraction window (how a session is cut into extraction calls)
 and the check of a program's instruction strings as its host reports them
-(:func:`reported_instructions`). :class:`evolve.session.ConversationSession` sends these
-prompts; stage keys fold in :func:`texts` through :func:`evolve.session.evaluator_version`.
+(:func:`reported_instructions`). :class:`evolve.pipeline.Pipeline` sends these prompts; stage
+keys fold in :func:`texts` through :func:`evolve.session.evaluator_version`.
 
 Invariants:
 - Every text or number here that shapes a prompt is listed in :func:`texts`, so changing one
@@ -25,7 +25,7 @@ from typing import Any
 
 from contract.spec import INSTRUCTIONS
 from contract.types import ContractError
-from evolve.datasets.types import Question, Segment
+from evolve.datasets.types import Segment
 
 EXTRACT_WINDOW_CHARS = 24_000  # one extraction call sees at most this much of a session
 INSTRUCTION_MAX_CHARS = 20_000  # an instruction longer than this fails the conversation
@@ -81,21 +81,24 @@ def extraction_prompt(instruction: str, reply_schema: dict[str, Any], window: Se
     )
 
 
-def planning_prompt(instruction: str, query_schema: dict[str, Any], q: Question) -> str:
+def planning_prompt(
+    instruction: str, query_schema: dict[str, Any], question: str, date: str | None
+) -> str:
     return PLAN_PROMPT.format(
         instruction=instruction,
         schema=json.dumps(query_schema),
-        question=q.question,
-        when=PLAN_DATE.format(date=q.question_date) if q.question_date else "",
+        question=question,
+        when=PLAN_DATE.format(date=date) if date else "",
     )
 
 
-def answer_prompt(instruction: str, retrieved: str, q: Question) -> str:
+def answer_prompt(instruction: str, retrieved: str, question: str, date: str | None) -> str:
+    """``question`` as the answer model is to see it (a benchmark's ``Question.posed``)."""
     return ANSWER_PROMPT.format(
         instruction=instruction,
         retrieved=retrieved,
-        today=ANSWER_DATE.format(date=q.question_date) if q.question_date else "",
-        question=q.posed,
+        today=ANSWER_DATE.format(date=date) if date else "",
+        question=question,
     )
 
 

@@ -1,16 +1,17 @@
-"""One conversation through the five stages, with stage reuse: the worker side of execution.
+"""One conversation's evaluation: the pipeline, with stage reuse: the worker side of execution.
 
 :func:`run_conversation` runs in a worker process of the executor's pool. It is trusted code:
-it holds the embedder, the task LLM and the stage store. The candidate program's own code (its
-module top level, hooks and ``Memory`` methods) runs only in a confined
-:class:`~sandbox.isolate.Host` started for the conversation; a :class:`ConversationSession`
-sends it data, answers its backend requests (:mod:`evolve.backend_service`), sends the task
-model the prompts of :mod:`evolve.prompts` and stores what comes back. For each stage the
-session either loads the cached output (keys from :mod:`evolve.stagecache`) or computes it and
-stores it (:meth:`ConversationSession._cached_json`, the one cached-stage helper). Outputs are
-computed lazily: when every retrieval and answer of a conversation is cached, no host is even
-started, and when the memory state is cached, its units are never extracted. The task-model
-prompts carry the instructions the loaded program holds, as its host reports them at load.
+it holds the embedder, the task LLM and the stage store. Evaluation is the
+:class:`~evolve.pipeline.Pipeline` (the program in its confined host, the task model, the
+embedder: the same one a deployment runs) plus the stage store plus scoring (done by the
+parent). For each stage a :class:`ConversationSession` either loads the cached output (keys
+from :mod:`evolve.stagecache`) or has the pipeline compute it and stores it
+(:meth:`ConversationSession._cached_json`, the one cached-stage helper). Outputs are computed
+lazily: when every retrieval and answer of a conversation is cached, no host is even started,
+and when the memory state is cached, its units are never extracted. The memory is built with
+the host's incremental operations: ``open``, then per session its units (extracted or reused)
+and one ``add``, then ``dump``; the adds share one deadline, INDEX_SECONDS plus
+INDEX_SECONDS_PER_UNIT per unit.
 
 Invariants:
 - A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
@@ -20,11 +21,13 @@ Invariants:
   leaves the store untouched and is recorded in the trace (``error``) and counters
   (``failed``). A memory built but not storable (its state does not pickle) is counted
   (``index``: ``unstored``) and the host's reason kept (``ConversationResult.notes``).
-  After the host dies, the conversation's remaining questions fail
-  with the same reason.
-- LLM outputs are validated once, here, against the schemas the host rendered from the program
-  (:func:`contract.records.conform`); the host builds records from them without checking again,
-  and checks only what the program's own hooks return (:mod:`sandbox.serve`).
+  After the host dies, the conversation's remaining questions fail with the same reason; so
+  do they after building the memory failed (an extraction window the task model did not
+  answer, a program error in ``index``): the first failure is kept and raised again at once,
+  nothing is retried within the conversation.
+- LLM outputs are validated once, by the pipeline, against the schemas the host rendered from
+  the program (:func:`contract.records.conform`); the host builds records from them without
+  checking again, and checks only what the program's own hooks return (:mod:`sandbox.serve`).
 - Offline mode (no task model) uses the stand-ins of :mod:`contract.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; the trace says when.
@@ -62,30 +65,26 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from contract.records import conform
 from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
-from contract.types import ContractError
 from evolve import prompts
-from evolve.backend_service import BackendService
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
-from evolve.fanout import Turns, WallClock, attempt, ordered_map
+from evolve.fanout import Turns, attempt, ordered_map
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
+from evolve.pipeline import Pipeline, Records
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, make_embedder, make_llm
 from sandbox.fingerprint import fingerprints
-from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from sandbox.isolate import HostFailure, ProgramFailure
 
 T = TypeVar("T")
-Records = list[dict[str, Any]] | None  # the task model's unit records for a session (None offline)
-EVAL_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
 INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
-INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit
+INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit, for all its adds together
 # What the evaluator itself contributes to stage outputs, folded into every stage key by
-# evaluator_version(): bump EVALUATOR_VERSION whenever a change here, in the host or in the
-# offline stand-ins changes what a stage outputs for the same program and data.
-EVALUATOR_VERSION = "1"
+# evaluator_version(): bump EVALUATOR_VERSION whenever a change here, in the pipeline, in the
+# host or in the offline stand-ins changes what a stage outputs for the same program and data.
+EVALUATOR_VERSION = "3"
 TRUNCATION = "prefix"  # retrieved text keeps its first OUT_CHAR_BUDGET characters
 # Installed distributions whose versions can change a stage's output (numerics, tokenising,
 # the embedding model's weights and code).
@@ -105,12 +104,10 @@ class ConversationResult:
 
 
 class ConversationSession:
-    """One conversation's execution through the five stages: the parent side of one program
-    host, with the stage store deciding per stage between reuse and computation."""
+    """One conversation's evaluation: a :class:`~evolve.pipeline.Pipeline` over the program,
+    with the stage store deciding per stage between reuse and computation."""
 
     def __init__(self, source: str, path: str, config: WorkerConfig, conv: Conversation) -> None:
-        self.source = source
-        self.path = path
         self.config = config
         self.conv = conv
         version = evaluator_version()
@@ -120,11 +117,18 @@ class ConversationSession:
         self.keys = StageKeys(fingerprints(source), config.model_sig, config.embedder, version)
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)
-        self.service = BackendService(
-            self.embedder, self.llm, config.call_prefix, config.max_complete_calls
+        self.pipeline = Pipeline(
+            source,
+            path,
+            llm=self.llm,
+            embedder=self.embedder,
+            call_prefix=config.call_prefix,
+            max_complete_calls=config.max_complete_calls,
+            step_seconds=config.step_seconds,
+            llm_concurrency=config.llm_concurrency,
         )
-        self.clock = WallClock()
-        self._lock = threading.RLock()  # the host (start, calls), counters and stage seconds
+        self.clock = self.pipeline.clock
+        self._lock = threading.Lock()  # counters and stage seconds (the pipeline locks the host)
         self._local = threading.local()  # per thread: seconds in nested timed sections
         self.counters = {
             c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0, "unstored": 0}
@@ -133,75 +137,13 @@ class ConversationSession:
         self.seconds = dict.fromkeys(COMPONENTS, 0.0)
         self.extract_keys = [self.keys.extract(s.digest()) for s in conv.sessions]
         self.index_key = self.keys.index(self.extract_keys)
-        self._host: Host | None = None
-        self._host_error: str | None = None
-        self._schemas: dict[str, Any] = {}
-        self._instructions: dict[str, str] = {}  # component -> the value the program holds
         self._memory_ready = False
+        self._memory_failure: Exception | None = None  # why building the memory failed, once
         self.notes: dict[str, str] = {}  # what the conversation's report should say
         self.notify: Callable[[str], None] = lambda event: None  # progress (run_conversation)
 
-    # -- the host ------------------------------------------------------------------------
-
-    def host(self) -> Host:
-        """The program's host, started and loaded on first use; one per conversation."""
-        with self._lock:
-            if self._host_error:
-                raise HostFailure(self._host_error)
-            if self._host is None:
-                try:
-                    with self.clock.during("sandbox"):
-                        self._host = Host(EVAL_LIMITS, serve=self._serve)
-                        loaded, _ = self._host.call(
-                            "load", {"source": self.source, "path": self.path}
-                        )
-                        self._instructions = prompts.reported_instructions(loaded)
-                        self._schemas, _ = self._host.call("schema")
-                except (HostFailure, ProgramFailure, ContractError) as exc:
-                    self._host_error = f"program host: {exc}"
-                    self.close()
-                    raise HostFailure(self._host_error) from None
-            return self._host
-
-    def _serve(
-        self, header: dict[str, Any], blobs: list[bytes]
-    ) -> tuple[dict[str, Any], list[bytes]]:
-        """The host's backend requests, timed: a completion as model wait, the rest as local."""
-        with self.clock.during("model" if header.get("method") == "complete" else "local"):
-            return self.service(header, blobs)
-
-    def call(
-        self,
-        op: str,
-        payload: dict[str, Any],
-        blobs: list[bytes] | None = None,
-        timeout: float | None = None,
-    ) -> tuple[Any, list[bytes]]:
-        with self._lock:
-            host = self.host()
-            self.service.calls = 0
-            try:
-                with self.clock.during("sandbox"):
-                    return host.call(op, payload, blobs, timeout=timeout)
-            except HostFailure as exc:  # the host is gone: every later step fails the same way
-                self._host_error = f"program host: {exc}"
-                self.close()
-                raise
-
-    def schema(self, name: str) -> dict[str, Any]:
-        self.host()
-        return dict(self._schemas[name])
-
-    def instruction(self, component: str) -> str:
-        """The instruction of ``component`` as the loaded program holds it (the host reports
-        it at load; :func:`evolve.prompts.reported_instructions` checks the report)."""
-        self.host()
-        return self._instructions[component]
-
     def close(self) -> None:
-        if self._host is not None:
-            self._host.close()
-            self._host = None
+        self.pipeline.close()
 
     def timed(self, stage: str, fn: Callable[[], T]) -> T:
         """Run ``fn``, adding its exclusive time to ``stage``: time spent in stages nested inside
@@ -216,11 +158,6 @@ class ConversationSession:
             with self._lock:
                 self.seconds[stage] += elapsed - self._local.nested
             self._local.nested = outer_nested + elapsed
-
-    def model(self, fn: Callable[[], T]) -> T:
-        """A task-model call, counted as model wait on the clock."""
-        with self.clock.during("model"):
-            return fn()
 
     def count(self, stage: str, outcome: str) -> None:
         with self._lock:
@@ -259,39 +196,33 @@ class ConversationSession:
         return [r for w in prompts.extraction_windows(segment) for r in self._extract_llm(w)]
 
     def _extract(self, segment: Segment, records: Records) -> list[dict[str, Any]]:
-        units, _ = self.call(
-            "units",
-            {"segment": asdict(segment), "records": records},
-            timeout=self.config.step_seconds,
-        )
+        units = self.pipeline.units(segment, records)
         self.notify("session")
-        return list(units)
+        return units
 
     def _extract_llm(self, window: Segment) -> list[dict[str, Any]]:
-        assert self.llm is not None
-        schema = self.schema("MemoryUnit")
-        wrapper = prompts.units_schema(schema)
-
-        def validate(data: Any) -> list[dict[str, Any]]:
-            if not isinstance(data, dict) or not isinstance(data.get("units"), list):
-                raise ValueError('expected {"units": [...]}')
-            return [conform(schema, u) for u in data["units"]]
-
-        prompt = prompts.extraction_prompt(self.instruction("extract"), wrapper, window)
-        stage, llm = f"{self.config.call_prefix}/extract", self.llm
-        records = self.model(lambda: llm.complete_json("task", stage, prompt, wrapper, validate))
+        records = self.pipeline.records(window)
         self.notify("window")
         return records
 
     def ensure_memory(self) -> None:
-        """The host holds the built memory: restored from the store, or indexed now (and stored)."""
+        """The host holds the built memory: restored from the store, or built now (and stored).
+        A failure to build it is remembered: every later call raises it again at once."""
         if self._memory_ready:
             return
-        limits = {"dim": self.embedder.dim, "max_complete_calls": self.config.max_complete_calls}
+        if self._memory_failure is not None:
+            raise self._memory_failure
+        try:
+            self._build_memory()
+        except Exception as exc:
+            self._memory_failure = exc
+            raise
+
+    def _build_memory(self) -> None:
         data = self.store.get_bytes("index", self.index_key)
         if data is not None:
             try:
-                self.call("restore", limits, [data], timeout=self.config.step_seconds)
+                self.pipeline.restore(data)
             except ProgramFailure:  # unreadable, or stored by an incompatible program: rebuild
                 self.count("index", "invalid")
             else:
@@ -300,30 +231,32 @@ class ConversationSession:
                 self.notify("restored")
                 return
         records = self._prefetch_records()
-        all_units = [self.units(i, records[i]) for i in range(len(self.conv.sessions))]
-        payload = {
-            **limits,
-            "segments": [asdict(s) for s in self.conv.sessions],
-            "units": all_units,
-        }
-        timeout = INDEX_SECONDS + INDEX_SECONDS_PER_UNIT * sum(len(u) for u in all_units)
         self.notify("indexing")
-        try:
-            result, blobs = self.timed(
-                "index", lambda: self.call("index", payload, timeout=timeout)
-            )
-        except Exception:
-            self.count("index", "failed")
-            raise
+        self._index_step(self.pipeline.open)
+        budget = INDEX_SECONDS  # the seconds all adds may still take together
+        for i, segment in enumerate(self.conv.sessions):
+            units = self.units(i, records[i])
+            budget += INDEX_SECONDS_PER_UNIT * len(units)
+            began, allowed = time.monotonic(), max(budget, 0.001)
+            self._index_step(partial(self.pipeline.add, segment, units, timeout=allowed))
+            budget -= time.monotonic() - began
+        dumped = self._index_step(self.pipeline.dump)
         self._memory_ready = True
         self.count("index", "computed")
         self.notify("indexed")
-        if isinstance(result, dict) and result.get("stored") and blobs:
-            self.store.put_bytes("index", self.index_key, blobs[0])
+        if dumped.state is not None:
+            self.store.put_bytes("index", self.index_key, dumped.state)
         else:  # built, but not storable: every later evaluation rebuilds it; say why
             self.count("index", "unstored")
-            why = result.get("reason") if isinstance(result, dict) else None
-            self.notes["index_unstored"] = str(why or "the host sent no state")[:300]
+            self.notes["index_unstored"] = str(dumped.reason)
+
+    def _index_step(self, fn: Callable[[], T]) -> T:
+        """One host step of building the memory, timed as ``index`` (failures counted)."""
+        try:
+            return self.timed("index", fn)
+        except Exception:
+            self.count("index", "failed")
+            raise
 
     def count_untouched(self) -> None:
         """Extraction and indexing never ran because every retrieval was cached: count what the
@@ -350,7 +283,9 @@ class ConversationSession:
         answer_key = self.keys.answer(retrieve_key, q.posed)
         record = None
         if self.llm is not None and not self.store.has("plan", plan_key):
-            record = self.timed("plan", lambda: attempt(lambda: self._plan_record(q)))
+            record = self.timed("plan", lambda: attempt(
+                lambda: self.pipeline.plan_record(q.question, q.question_date)
+            ))  # fmt: skip
         stage = "plan"
         try:
             with turn or nullcontext():
@@ -396,28 +331,15 @@ class ConversationSession:
         except (HostFailure, ProgramFailure) as exc:
             trace.diagnostics_error = str(exc)[:300]
 
-    def _plan_record(self, q: Question) -> dict[str, Any]:
-        """The task model's Query record for ``q``."""
-        assert self.llm is not None
-        schema, llm = self.schema("Query"), self.llm
-        prompt = prompts.planning_prompt(self.instruction("plan"), schema, q)
-        stage = f"{self.config.call_prefix}/plan"
-        return self.model(
-            lambda: llm.complete_json("task", stage, prompt, schema, lambda d: conform(schema, d))
-        )
-
     def _plan(self, q: Question, prefetched: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
         """The program's query for ``q`` from the task model's record (``prefetched``, or asked
         now); the host is checked first, as a sequential run would find it."""
         record = None
         if self.llm is not None:
-            self.schema("Query")
-            record = prefetched() if prefetched is not None else self._plan_record(q)
-        payload = {"question": q.question, "date": q.question_date, "record": record}
-        query, _ = self.call("query", payload, timeout=self.config.step_seconds)
-        if not isinstance(query, dict):
-            raise HostFailure("program host: a query must come back as a record")
-        return query
+            self.pipeline.schema("Query")
+            record = (prefetched() if prefetched is not None
+                      else self.pipeline.plan_record(q.question, q.question_date))  # fmt: skip
+        return self.pipeline.query(q.question, q.question_date, record)
 
     def stored_units(self, i: int) -> list[dict[str, Any]] | None:
         """Session i's units if the store holds them (not counted as reuse)."""
@@ -431,30 +353,18 @@ class ConversationSession:
         key = self.keys.retrieve(self.index_key, plan_key)
         result = self.store.get_json("retrieve", key)
         if result is None:
-            payload = {"question": text, "date": None, "record": None}
-            query, _ = self.call("query", payload, timeout=self.config.step_seconds)
-            result = self._retrieve(query)
+            result = self._retrieve(self.pipeline.query(text, None, None))
             self.store.put_json("retrieve", key, result)
         return str(result["retrieved"])
 
     def _retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
         self.ensure_memory()
-        began = time.perf_counter()
-        result, _ = self.call("retrieve", {"query": query}, timeout=self.config.step_seconds)
-        elapsed_ms = round((time.perf_counter() - began) * 1000, 3)  # the call, not indexing
-        if not (isinstance(result, dict) and isinstance(result.get("text"), str)
-                and isinstance(result.get("raw_chars"), int)):  # fmt: skip
-            raise HostFailure("program host: retrieval must come back as text")
-        text, raw = result["text"][:OUT_CHAR_BUDGET], result["raw_chars"]
-        return {"retrieved": text, "over_budget": raw > OUT_CHAR_BUDGET, "raw_chars": raw,
-                "retrieve_ms": elapsed_ms}  # fmt: skip
+        got = self.pipeline.retrieve(query)  # its time is the call's, not indexing's
+        return {"retrieved": got.text, "over_budget": got.over_budget, "raw_chars": got.raw_chars,
+                "retrieve_ms": got.ms}  # fmt: skip
 
     def _answer(self, q: Question, retrieved: str) -> str:
-        assert self.llm is not None
-        instruction, llm = self.instruction("answer"), self.llm
-        prompt = prompts.answer_prompt(instruction, retrieved, q)
-        stage = f"{self.config.call_prefix}/answer"
-        return self.model(lambda: llm.complete("task", stage, prompt).text)
+        return self.pipeline.answer(q.posed, q.question_date, retrieved)
 
 
 def _joined(parts: list[Callable[[], list[dict[str, Any]]]]) -> Records:

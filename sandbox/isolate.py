@@ -45,9 +45,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from contract.state import MAX_STATE_BYTES
 from sandbox import barrier
-from sandbox.wire import WireError, encode_frame, read_frame
+from sandbox.wire import MAX_JSON_BYTES, STATE_CHUNK_BYTES, WireError, encode_frame, read_frame
 
 Serve = Callable[[dict[str, Any], list[bytes]], tuple[dict[str, Any], list[bytes]]]
 
@@ -105,7 +104,8 @@ BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this 
 
 _MIB = 1 << 20
 # The most a host's answer to each request may carry (JSON and blobs together); others: 1 MiB.
-FRAME_BYTES = {"units": 256 * _MIB, "index": MAX_STATE_BYTES + _MIB, "dump": MAX_STATE_BYTES + _MIB}
+# A memory's state crosses in chunks (sandbox.wire.STATE_CHUNK_BYTES), one per answer.
+FRAME_BYTES = {"units": MAX_JSON_BYTES + _MIB, "state_chunk": STATE_CHUNK_BYTES + _MIB}
 SMALL_FRAME_BYTES = _MIB
 BACKEND_FRAME_BYTES = 64 * _MIB  # a backend request: texts to embed, a prompt
 

@@ -1,9 +1,11 @@
 """Requests served inside the host: loading a program, the run-time tiers, evaluation steps.
 
 Runs only inside :mod:`sandbox.host`, after confinement. Holds at most one loaded program and
-one built memory. Data crosses the wire as JSON (records as dicts, segments as plain dicts) and
-memory state as the restricted pickle of :mod:`contract.state` (unpickled only here, never
-by the optimizer).
+one live memory, which grows one session per request (``open``, then ``add`` per session).
+Data crosses the wire as JSON (records as dicts, segments as plain dicts) and memory state as
+the restricted pickle of :mod:`contract.state` (unpickled only here, never by the optimizer),
+in chunks of at most :data:`~sandbox.wire.STATE_CHUNK_BYTES` (``dump`` then ``state_chunk``
+out, ``state_part`` then ``restore`` in), so no frame carries a whole history.
 
 Records are checked once: what the optimizer hands over (task-LLM records it validated, units
 and queries this host returned earlier) is built into the program's classes without being
@@ -29,10 +31,10 @@ import numpy as np
 from contract.program import LoadedProgram, check_shapes, load_program, offline_units
 from contract.records import build_record, json_schema, validate_record
 from contract.spec import INSTRUCTIONS, OUT_CHAR_BUDGET
-from contract.state import dump_state, load_state
+from contract.state import MAX_STATE_BYTES, dump_state, load_state
 from contract.types import BackendError, ContractError, Message, Segment
 from sandbox.tiers import TierError, probe_run, smoke_tier
-from sandbox.wire import encode_frame, read_frame, unpack_array
+from sandbox.wire import STATE_CHUNK_BYTES, encode_frame, read_frame, unpack_array
 
 
 class RemoteBackend:
@@ -76,6 +78,8 @@ class Server:
         self.program: LoadedProgram | None = None
         self.memory: Any = None
         self.backend: RemoteBackend | None = None
+        self._outgoing = b""  # the state being dumped, until its last chunk is sent
+        self._incoming = bytearray()  # the parts of a state to restore
 
     def send(self, header: dict[str, Any], blobs: list[bytes] | None = None) -> None:
         self.out.write(encode_frame(header, blobs))
@@ -173,6 +177,7 @@ class Server:
     def op_open(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """A new, empty memory: it grows one session at a time (:meth:`op_add`)."""
         program = self._program()
+        self._outgoing, self._incoming = b"", bytearray()
         self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
         self.memory = program.get("Memory")(self.backend)
         return None, []
@@ -189,28 +194,47 @@ class Server:
         return None, []
 
     def op_dump(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        """The live memory's state, when it can be stored (:mod:`contract.state`)."""
+        """The live memory's state, when it can be stored (:mod:`contract.state`): its size
+        here, its bytes through :meth:`op_state_chunk`, chunk after chunk."""
         if self.memory is None or self.backend is None:
             raise RuntimeError("no memory opened")
+        self._outgoing = b""
         try:
             state = dump_state(self.memory, self._program().module.__name__, self.backend)
         except Exception as exc:  # not storable: the optimizer will rebuild it next time
             return {"stored": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, []
-        return {"stored": True}, [state]
+        if not state or len(state) > MAX_STATE_BYTES:
+            return {"stored": False, "reason": f"a state of {len(state)} bytes"}, []
+        self._outgoing = state
+        return {"stored": True, "bytes": len(state)}, []
 
-    def op_index(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        """Build the memory from every session's units at once (open, add each, dump)."""
-        self.op_open(req, [])
-        for seg, records in zip(req["segments"], req["units"], strict=True):
-            self.op_add({"segment": seg, "units": records}, [])
-        return self.op_dump(req, [])
+    def op_state_chunk(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """The bytes of the last dumped state from ``offset``, at most STATE_CHUNK_BYTES; the
+        state is let go once its last chunk is sent."""
+        offset, state = int(req["offset"]), self._outgoing
+        if not 0 <= offset < len(state):
+            raise RuntimeError("no dumped state left at that offset")
+        chunk = state[offset : offset + STATE_CHUNK_BYTES]
+        if offset + len(chunk) >= len(state):
+            self._outgoing = b""
+        return None, [chunk]
 
-    def op_restore(self, req: dict[str, Any], blobs: list[bytes]) -> tuple[Any, list[bytes]]:
+    def op_state_part(self, req: dict[str, Any], blobs: list[bytes]) -> tuple[Any, list[bytes]]:
+        """The next chunk of a state to restore (:meth:`op_restore` takes them all)."""
+        if len(blobs) != 1 or len(blobs[0]) > STATE_CHUNK_BYTES:
+            raise RuntimeError("a state part is one blob of at most STATE_CHUNK_BYTES")
+        if len(self._incoming) + len(blobs[0]) > MAX_STATE_BYTES:
+            self._incoming = bytearray()
+            raise RuntimeError(f"a state of more than {MAX_STATE_BYTES} bytes")
+        self._incoming += blobs[0]
+        return None, []
+
+    def op_restore(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
+        """The memory restored from the parts sent since the last restore or open."""
         program = self._program()
+        data, self._incoming = bytes(self._incoming), bytearray()
         self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
-        self.memory = load_state(
-            program.get("Memory"), blobs[0], vars(program.module), self.backend
-        )
+        self.memory = load_state(program.get("Memory"), data, vars(program.module), self.backend)
         return None, []
 
     def op_retrieve(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:

@@ -6,8 +6,17 @@ host is hostile, so the reader bounds every length before allocating and rejects
 is not plain JSON.
 
 Layout: ``>II`` (JSON length, number of blobs), the JSON bytes, then per blob ``>Q`` length and
-the bytes. The functions used are bound at import, before any program runs in the host, so a
-program that patched ``json`` could not rewrite the host's frames.
+the bytes.
+
+Limits: a frame holds at most :data:`MAX_JSON_BYTES` of JSON and :data:`MAX_BLOBS` blobs of at
+most :data:`MAX_BLOB_BYTES` each; the reader may be given a tighter bound for a whole frame
+(:mod:`sandbox.isolate` bounds each host answer by what its request can return). So that no
+frame has to carry a whole history, a memory grows one session per request and its state
+(at most :data:`contract.state.MAX_STATE_BYTES`) crosses in chunks of at most
+:data:`STATE_CHUNK_BYTES`, one per frame (:mod:`sandbox.serve`, :mod:`evolve.pipeline`).
+
+The functions used are bound at import, before any program runs in the host, so a program that
+patched ``json`` could not rewrite the host's frames.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import numpy as np
 MAX_JSON_BYTES = 64 << 20
 MAX_BLOBS = 8
 MAX_BLOB_BYTES = 512 << 20
+STATE_CHUNK_BYTES = 16 << 20  # a memory state crosses in chunks of at most this many bytes
 
 
 class WireError(Exception):

@@ -280,18 +280,19 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
 
     class SlowEmbedder(HashingEmbedder):
         def embed(self, texts: Any) -> Any:
-            time.sleep(0.6)  # a loaded machine
+            time.sleep(1.2)  # a loaded machine
             return super().embed(texts)
 
     conv = tasks.conversations[0]
-    units = [[{"content": f"{m.role}: {m.content}"} for m in s.messages] for s in conv.sessions]
-    payload = {"dim": 384, "max_complete_calls": 1, "units": units,
-               "segments": [asdict(s) for s in conv.sessions]}  # fmt: skip
+    first = conv.sessions[0]
+    units = [{"content": f"{m.role}: {m.content}"} for m in first.messages]
+    add = {"segment": asdict(first), "units": units}
     serve = BackendService(SlowEmbedder(), None, "t", 1)
     with Host(Limits(cpu_seconds=60, call_seconds=30.0), serve=serve) as host:
         host.call("load", {"source": DENSE, "path": "dense.py"})
+        host.call("open", {"dim": 384, "max_complete_calls": 1})
         start = time.monotonic()
-        host.call("index", payload, timeout=1.0)  # two sessions: 1.2 s of embedding
+        host.call("add", add, timeout=1.0)  # one session: 1.2 s of embedding
         assert time.monotonic() - start > 1.0
     hang = DENSE.replace(
         "    def retrieve(self, query):\n",
@@ -299,7 +300,8 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
     )
     with Host(Limits(cpu_seconds=60, call_seconds=30.0), serve=serve) as host:
         host.call("load", {"source": hang, "path": "hang.py"})
-        host.call("index", payload, timeout=10.0)
+        host.call("open", {"dim": 384, "max_complete_calls": 1})
+        host.call("add", add, timeout=10.0)
         with pytest.raises(HostFailure, match="timed out"):
             host.call("retrieve", {"query": {"text": "x"}}, timeout=1.0)
 
