@@ -10,6 +10,9 @@ Invariants:
 - The task-LLM client shares the run's limit on requests in flight (``llm_concurrency``, one
   limit for every process of the run on the machine; :mod:`evolve.models.limiter`) and abandons
   an attempt after ``llm_timeout`` seconds.
+- The task-LLM client shares the run's breaker (:mod:`evolve.models.breaker`, keyed on the
+  call log like the limiter): a dead endpoint seen by one worker stops every worker's calls;
+  :func:`check_endpoint` tells the parent after an evaluation.
 - ``script`` (tests only) answers through a scripted client instead of litellm; it is never set
   from the command line.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolve.models.breaker import shared_breaker
 from evolve.models.clients import llm_client
 from evolve.models.embed import Embedder, HashingEmbedder
 from evolve.models.limiter import DEFAULT_CONCURRENCY
@@ -71,11 +75,30 @@ def make_embedder(kind: str, cache_dir: str) -> Embedder:
     return _EMBEDDERS[key]
 
 
+def calls_log(config: WorkerConfig) -> Path:
+    """The call log the task model's calls go to (and the run's breaker is keyed on)."""
+    root = Path(config.cache_dir)
+    return Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
+
+
+def check_endpoint(config: WorkerConfig) -> None:
+    """Raise :class:`~evolve.models.breaker.EndpointDown` when the breaker of ``config``'s
+    call log is tripped (a worker or the judge found the model endpoint down); offline: never."""
+    if config.task_model is not None:
+        shared_breaker(calls_log(config)).check()
+
+
+def reset_endpoint(config: WorkerConfig) -> None:
+    """Close the breaker of ``config``'s call log: a command starts, the endpoint may be back."""
+    if config.task_model is not None:
+        shared_breaker(calls_log(config)).reset()
+
+
 def make_llm(config: WorkerConfig) -> LLMClient | None:
     if config.task_model is None:
         return None
     root = Path(config.cache_dir)
-    log = Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
+    log = calls_log(config)
     cache = root / "llm-cache.sqlite" if config.reuse else None
     models = Models(task=config.task_model)
     return llm_client(models, log_path=log, cache_path=cache, script=config.script,

@@ -27,6 +27,8 @@ TOO_MUCH: list[tuple[list[str], str]] = [
     ([*EVAL, "--task-max-tokens", "1000000000"], "--task-max-tokens"),
     ([*EVAL, "--conversations", "1000000000"], "--conversations"),
     ([*EVAL, "--split", ""], "--split"),
+    ([*EVAL, "--model", "openai/m", "--api-base", "not-a-url"], "--api-base"),
+    ([*EVAL, "--api-base", "ftp://host/v1"], "--api-base"),
     ([*EVAL, "--split", "  "], "--split"),
     (["compare", "--split", "", "--no-progress"], "--split"),
     ([*RUN, "--children", "1000000000"], "--children"),

@@ -143,6 +143,24 @@ def jobs_count(text: str) -> int:
     return value
 
 
+def api_base_url(text: str) -> str:
+    """``--api-base``: an http or https URL with a host (``http://localhost:8000/v1``)."""
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(text.strip())
+        url.port  # noqa: B018 (a port that is not a number raises here)
+        usable = url.scheme in ("http", "https") and bool(url.hostname)
+    except ValueError:
+        usable = False
+    if not usable:
+        raise argparse.ArgumentTypeError(
+            f"must be an http:// or https:// URL with a host, e.g. http://localhost:8000/v1; "
+            f"got {text!r}"
+        )
+    return text.strip()
+
+
 def split_name(text: str) -> str:
     """``--split``: a split's name; an empty or blank one is refused (it is not the default)."""
     if not text.strip():
@@ -240,7 +258,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="BEAM rubric judge variant the judged fitness reads (default described)",
     )
     parser.add_argument(
-        "--api-base", default=None, help="API base URL of the models (e.g. a local server)"
+        "--api-base",
+        type=api_base_url,
+        default=None,
+        help="API base URL of the models, http(s)://HOST[:PORT][/PATH] (e.g. a local server)",
     )
     parser.add_argument(
         "--task-max-tokens",

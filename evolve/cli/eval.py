@@ -152,7 +152,7 @@ def judge_client(name: str | None, api_base: str | None, config: WorkerConfig) -
 def cmd_eval(args: argparse.Namespace) -> int:
     from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
     from evolve.trace import first_error
-    from evolve.worker import WorkerConfig
+    from evolve.worker import WorkerConfig, reset_endpoint
 
     read_program(args.program)
     root = data_dir(args.data_dir)
@@ -178,6 +178,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cache = args.cache_dir or default_cache_dir()
     config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
                           **llm_flags(args))  # fmt: skip
+    reset_endpoint(config)  # a breaker an earlier command tripped: the endpoint may be back
     judge = judge_client(args.judge, args.api_base, config)
     if judge is not None and task_model is None:
         err.print("[yellow]--judge has nothing to score without a task model (--model)[/]")
@@ -218,7 +219,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
     from evolve.executor import EvalError
-    from evolve.worker import WorkerConfig
+    from evolve.worker import WorkerConfig, reset_endpoint
 
     paths = args.programs or reference_programs()
     if not paths:
@@ -231,6 +232,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cache = args.cache_dir or default_cache_dir()
     config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
                           **llm_flags(args))  # fmt: skip
+    reset_endpoint(config)  # a breaker an earlier command tripped: the endpoint may be back
     if task_model is None:
         err.print("[bold yellow]no task model configured — offline: retrieval-only[/]")
     total = len(tasks.questions) * len(paths)

@@ -5,8 +5,9 @@ Every client of the package — the task model in the evaluation workers, the ju
 ``evolve eval`` and of a run, a run's coder and annotator — comes from :func:`llm_client` or
 :func:`role_client`, with the limiter of its call log
 (:func:`evolve.models.limiter.shared_limiter`): every client of one run logs to one file, so
-``--llm-concurrency`` is one limit for the run on each machine, and ``--llm-timeout`` bounds
-each attempt. A client that answers from a script
+``--llm-concurrency`` is one limit for the run on each machine, its breaker
+(:func:`evolve.models.breaker.shared_breaker`) stops every client of the run when the endpoint
+is down, and ``--llm-timeout`` bounds each attempt. A client that answers from a script
 (tests only) is the ``scripted`` test double of the registry :data:`evolve.models.DOUBLES`, which
 the tests fill (importing :mod:`evolve.models.testing` registers its doubles); this module never
 imports a double.
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evolve.models import double
+from evolve.models.breaker import shared_breaker
 from evolve.models.limiter import DEFAULT_CONCURRENCY, shared_limiter
 from evolve.models.llm import LLMClient, ModelConfig, Models
 
@@ -41,10 +43,12 @@ def llm_client(
             script, models, log_path=log_path, cache_path=cache_path, limiter=limiter,
             timeout=timeout,
         )  # fmt: skip
-        return client
-    return LLMClient(
-        models, log_path=log_path, cache_path=cache_path, limiter=limiter, timeout=timeout
-    )
+    else:
+        client = LLMClient(
+            models, log_path=log_path, cache_path=cache_path, limiter=limiter, timeout=timeout
+        )
+    client.breaker = shared_breaker(log_path)  # a dead endpoint stops the whole run
+    return client
 
 
 def role_client(

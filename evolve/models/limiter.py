@@ -1,8 +1,8 @@
 """One limit on LLM requests in flight for a whole run on one machine, with a joint back-off.
 
 Owns :class:`Limiter`, :func:`shared_limiter` (the limiter of a run's call log on this machine,
-one object per process), :data:`DEFAULT_CONCURRENCY` and :func:`retry_after_seconds` (a
-``Retry-After`` header's value).
+one object per process), :func:`run_folder` (where a run's limiter and breaker live),
+:data:`DEFAULT_CONCURRENCY` and :func:`retry_after_seconds` (a ``Retry-After`` header's value).
 
 A limiter lives in a folder of small files (design §2): ``slot-<i>.lock`` for each of the
 ``limit`` slots, and ``state`` (the shared window and "not before" time). Every process that
@@ -213,15 +213,22 @@ def shared_limiter(log_path: Path | None, limit: int = DEFAULT_CONCURRENCY) -> L
     one run logs to one file, so keying on it gives the run one limit (a client without a log
     gets one of its own process). One object per process and (folder, limit), so a worker that
     builds a client per job keeps one set of open lock files."""
-    scope = str(Path(log_path).resolve()) if log_path is not None else f"pid-{os.getpid()}"
-    digest = hashlib.sha256(scope.encode("utf-8")).hexdigest()[:16]
-    root = Path(tempfile.gettempdir()) / f"prismem-llm-{os.getuid()}" / digest
+    root = run_folder(log_path)
     key = (str(root), limit)
     with _SHARED_LOCK:
         if key not in _SHARED:
             _sweep(root.parent, keep=root)
             _SHARED[key] = Limiter(root, limit)
         return _SHARED[key]
+
+
+def run_folder(log_path: Path | None) -> Path:
+    """The folder of the run whose calls go to ``log_path`` on this machine (its limiter and
+    its breaker, :mod:`evolve.models.breaker`): in the temporary directory, keyed on the log;
+    without a log, this process's own."""
+    scope = str(Path(log_path).resolve()) if log_path is not None else f"pid-{os.getpid()}"
+    digest = hashlib.sha256(scope.encode("utf-8")).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"prismem-llm-{os.getuid()}" / digest
 
 
 def _sweep(parent: Path, keep: Path) -> None:

@@ -74,7 +74,8 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from evolve.models import cache_transaction, calllog, spendcap
-from evolve.models.attempts import Attempts, is_transient, within
+from evolve.models.attempts import Attempts, fault_kind, is_transient, retry_after, within
+from evolve.models.breaker import Breaker, EndpointDown
 from evolve.models.calllog import CALLS_SCHEMA, LLMError
 from evolve.models.limiter import Limiter
 from evolve.models.usage import by_role
@@ -175,6 +176,11 @@ def _say_retry(state: RetryCallState, call: str, config: ModelConfig) -> None:
             call, config.model, state.attempt_number, why, pause, more)  # fmt: skip
 
 
+def _endpoint(config: ModelConfig) -> str:
+    """The endpoint a config's calls go to, as a breaker names it."""
+    return f"{config.api_base} ({config.model})" if config.api_base else config.model
+
+
 def _as_messages(messages: list[Message] | str) -> list[Message]:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
 
@@ -229,8 +235,10 @@ class LLMClient:
         cache_path: str | Path | None = None,
         limiter: Limiter | None = None,
         timeout: float | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         self.models = models
+        self.breaker = breaker
         self.log_path = Path(log_path) if log_path is not None else None
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self.limiter = limiter
@@ -266,10 +274,15 @@ class LLMClient:
             hit = replace(hit, latency_s=time.perf_counter() - began)
             self._record(role, stage, hit, key, None, Attempts(None), repair)
             return hit
+        if self.breaker is not None:  # the run's endpoint is down: refused, not logged
+            self.breaker.check()
         counts = Attempts(self.limiter)
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
-            stop=lambda _: counts.spent(self.retry_attempts, self.rate_limit_attempts),
+            stop=lambda _: (
+                counts.spent(self.retry_attempts, self.rate_limit_attempts)
+                or (self.breaker is not None and self.breaker.tripped())
+            ),
             wait=lambda state: counts.pause(lambda: float(self.retry_wait(state))),
             before_sleep=lambda state: _say_retry(state, f"{role}/{stage}", config),
             reraise=True,
@@ -285,7 +298,10 @@ class LLMClient:
                 failed = Completion("", 0, 0, None, time.perf_counter() - began, False,
                                     config.model)  # fmt: skip
                 self._record(role, stage, failed, key, error, counts, repair)
-                raise LLMError(error) from None
+                if self.breaker is not None and is_transient(exc):
+                    self.breaker.call_failed(_endpoint(config), exc)
+                down = isinstance(exc, EndpointDown)
+                raise (EndpointDown(str(exc)) if down else LLMError(error)) from None
             reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
             self._cache_put(key, reply)
             self._record(role, stage, reply, key, None, counts, repair)
@@ -304,10 +320,23 @@ class LLMClient:
         """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted. The
         transport is loaded first, so its first import counts against neither."""
         self._load_transport()
-        with counts.attempt():
-            return within(config.timeout, lambda: self._transport(
-                role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
-            ))  # fmt: skip
+        if self.breaker is None:
+            with counts.attempt():
+                return within(config.timeout, lambda: self._transport(
+                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                ))  # fmt: skip
+        self.breaker.check()  # tripped by any process of the run since the call began
+        try:
+            with counts.attempt():
+                reply = within(config.timeout, lambda: self._transport(
+                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                ))  # fmt: skip
+        except Exception as exc:
+            counted = is_transient(exc) and fault_kind(exc, retry_after(exc)) != "rate_limit"
+            self.breaker.attempt_failed(_endpoint(config), exc, counted)
+            raise
+        self.breaker.succeeded()
+        return reply
 
     def complete_json(
         self,
