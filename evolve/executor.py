@@ -29,6 +29,10 @@ Invariants:
   any work starts (:func:`check_evaluable`): "nothing was evaluated", never a report of dashes.
 - A model call the run's caps refuse (:mod:`evolve.models.spendcap`) fails the evaluation
   with :class:`~evolve.models.spendcap.SpendCapReached`: no report is made of it.
+- A model endpoint found down (the run's breaker, :mod:`evolve.models.breaker`, tripped by
+  any worker or the judge) fails the evaluation with
+  :class:`~evolve.models.breaker.EndpointDown` within a quarter second of the trip, without
+  waiting for the conversations still running: no report is made of it.
 - A question whose judge reply never parses scores 0 on the judged metrics and is marked
   (:data:`~evolve.scoring.answers.UNJUDGED`); ``meta.unjudged`` counts them.
 - Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
@@ -72,7 +76,7 @@ from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, make_embedder
+from evolve.worker import WorkerConfig, check_endpoint, make_embedder
 from sandbox.check import CheckedProgram, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
@@ -187,6 +191,7 @@ def evaluate(
     refused = next((t.error for t in traces if is_spend_cap(t.error)), None)
     if refused:  # the run's caps refused a model call: no report of this evaluation
         raise SpendCapReached(refused)
+    check_endpoint(config)  # the model endpoint went down: no report of this evaluation
     answers = make_scorer(tasks.bench, judge)
     judged = answers.describe()["judge"] is not None
     fit = choose(tasks.bench, None if config.offline else config.task_model, judged, judge_variant)
@@ -204,6 +209,7 @@ def evaluate(
 
         _score_answers(answers, traces, by_id, config.llm_concurrency, judged_one)
     judging = time.perf_counter() - judging
+    check_endpoint(config)  # it went down while the answers were judged
     for trace in traces:
         trace.scores[FITNESS_KEY] = fit.question(trace.scores)
     rows = [(by_id[t.id], t.scores) for t in traces]
@@ -317,6 +323,7 @@ def _run_jobs(
         while pending:
             done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
             drain()
+            check_endpoint(config)  # the endpoint went down: stop now, not question by question
             for fut in done:
                 conv_id = futures[fut]
                 try:

@@ -91,7 +91,7 @@ from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, make_embedder
+from evolve.worker import WorkerConfig, make_embedder, reset_endpoint
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints
 
@@ -242,6 +242,7 @@ class Evolution:
     def run(self) -> CandidateMeta:
         """Run every remaining round (or until a budget cap); returns the best program overall."""
         write_caps(calls_path(self.store.root), Caps(self.config.max_usd, self.config.max_tokens))
+        reset_endpoint(self.worker)  # tripped by an earlier process: the endpoint may be back
         seed_source = Path(self.config.seed_program).read_text()
         seed = self.store.add_candidate(
             seed_source,
