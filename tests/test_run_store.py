@@ -162,7 +162,7 @@ def test_events_round_trip(tmp_path: Path) -> None:
 def test_state_round_trip(tmp_path: Path) -> None:
     store = RunStore.create(tmp_path, {})
     assert store.load_state() == {}
-    state = {"stage": "refinement", "round": 3, "best": ["c0001"], "spend": {"usd": 1.5}}
+    state = {"rounds": {"refinement": 3}, "best": "c0001", "round_costs": [{"usd": 1.5}]}
     store.save_state(state)
     assert RunStore.open(tmp_path, store.run_id).load_state() == state
     with pytest.raises(TypeError):
@@ -312,3 +312,74 @@ def test_the_store_names_its_own_paths(tmp_path: Path) -> None:
     assert {store.source_path(seed.id), store.traces_path(seed.id, "train")} <= set(
         (store.root / "candidates").iterdir()
     )
+
+
+def _round(store: RunStore, stage: str, round_no: int, judged: list[bool], failed: int = 0) -> None:
+    """Log one round as the loop does: its children proposed (judged or not), then ``failed``
+    children whose proposal failed."""
+    for i, done in enumerate(judged):
+        meta = store.add_candidate(f"{SOURCE}R = {round_no}\nC = {i}\n", parents=[],
+                                   stage=stage, capability=None, message="m")  # fmt: skip
+        store.log_event("proposed", candidate=meta.id, stage=stage, round=round_no, child=i)
+        if done:
+            store.update(meta.id, status="evaluated")
+    for i in range(len(judged), len(judged) + failed):
+        store.log_event("proposal_failed", stage=stage, round=round_no, child=i, errors=[])
+
+
+def test_a_damaged_state_is_rebuilt_from_the_event_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rounds, not children, are counted: two children per round, two cold-start rounds and one
+    refinement round finished, a second refinement round cut off mid-judging (its second child
+    still proposed). Counting judged candidates per stage said cold_start 4, refinement 3."""
+    store = RunStore.create(tmp_path, {})
+    seed = store.add_candidate(SOURCE, parents=[], stage="seed", capability=None, message="s")
+    store.update(seed.id, status="evaluated")
+    _round(store, "cold_start", 0, [True, True])
+    _round(store, "cold_start", 1, [True], failed=1)
+    _round(store, "refinement", 2, [True, True])
+    _round(store, "refinement", 3, [True, False])
+    (store.root / "state.json").write_text('{"rounds": {"cold_')
+    with caplog.at_level(logging.WARNING, logger="evolve.damage"):
+        state = store.load_state(children=2)
+    assert state == {"rounds": {"cold_start": 2, "refinement": 1}, "best": None,
+                     "round_costs": []}  # fmt: skip
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "rebuilt from the event log: cold_start 2, refinement 1" in line
+    assert store.load_state() == state  # the children per round read off the log
+    store.update(store.candidates()[-1].id, status="stopped")  # the cut-off round is judged
+    assert store.load_state(children=2)["rounds"] == {"cold_start": 2, "refinement": 2}
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"rounds": {"cold_start": "2"}},
+        {"rounds": ["cold_start"]},
+        {"rounds": {"cold_start": True}},
+        {"rounds": {"cold_start": -1}},
+        {"best": 5},
+        {"round_costs": {"usd": 1}},
+        {"round_costs": [{"usd": "1"}]},
+        [1, 2],
+    ],
+)
+def test_a_state_of_the_wrong_types_is_damaged_and_rebuilt(
+    state: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RunStore.create(tmp_path, {})
+    _round(store, "cold_start", 0, [True])
+    (store.root / "state.json").write_text(json.dumps(state))
+    with caplog.at_level(logging.WARNING, logger="evolve.damage"):
+        assert store.load_state() == {"rounds": {"cold_start": 1}, "best": None,
+                                      "round_costs": []}  # fmt: skip
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "state.json is damaged" in line and "cold_start 1" in line
+    assert len(store.damage()) == 1
+
+
+def test_without_an_event_log_no_round_counts_as_finished(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path, {})
+    (store.root / "state.json").write_text("{")
+    assert store.load_state() == {"rounds": {}, "best": None, "round_costs": []}

@@ -257,7 +257,7 @@ class Evolution:
             raise EvalError(f"the seed could not be evaluated: {exc}") from None
         if self.store.get(seed.id).status != "evaluated":
             raise EvalError(f"the seed program failed: {self.store.get(seed.id).message}")
-        state = self.store.load_state()
+        state = self.store.load_state(self.config.children)
         rounds = dict(state.get("rounds", {}))
         costs: list[dict[str, float]] = list(state.get("round_costs", []))
         total = sum(self.config.rounds.values())

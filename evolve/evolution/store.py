@@ -34,8 +34,9 @@ Invariants:
   it, reporting the file in one line (:func:`evolve.models.damaged`), and :meth:`RunStore.get` /
   :meth:`RunStore.source` raise :class:`DamagedFile` naming it. Adding the source of a candidate
   whose ``.py`` was lost restores the file. A damaged ``state.json`` is reported and its round
-  counters are rebuilt from the candidates; a damaged manifest keeps the run from opening, with
-  the file named.
+  counters are rebuilt from the event log (:meth:`RunStore.finished_rounds`), said in one line;
+  a ``state.json`` whose fields have the wrong types is damaged too. A damaged manifest keeps
+  the run from opening, with the file named.
 - Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
   by exclusively creating its claim file, so two writers cannot take the same number; a crash
   after the claim leaves a gap in the numbering, never a reused number.
@@ -339,18 +340,53 @@ class RunStore:
         rows = self._transact(lambda c: c.execute(sql + " ORDER BY id", args).fetchall())
         return [{"id": i, "ts": ts, "kind": k, "data": json.loads(d)} for i, ts, k, d in rows]
 
-    def load_state(self) -> dict[str, Any]:
-        """The loop's saved cursor, ``{}`` before the first :meth:`save_state`. A damaged one is
-        reported and rebuilt: rounds counted from the judged candidates of each stage (a round
-        that filed no candidate is run again), no round costs, best unknown."""
+    def load_state(self, children: int | None = None) -> dict[str, Any]:
+        """The loop's saved cursor, ``{}`` before the first :meth:`save_state`. A damaged one
+        (unreadable, or a field of the wrong type: :func:`state_problem`) is reported in one
+        line saying what was rebuilt: the rounds finished, per stage, from the event log
+        (:meth:`finished_rounds`; ``children``: the run's children per round, else read off the
+        log), no round costs, best unknown; without an event log no round counts as finished,
+        so every round is replayed (judged children are not evaluated again)."""
         state, problem = self._read_state()
         if problem is None:
             return state
+        rounds = self.finished_rounds(children)
+        what = ", ".join(f"{stage} {n}" for stage, n in rounds.items()) or "none finished"
+        source = "the event log" if self.events("proposed") or self.events("proposal_failed") \
+            else "nothing (no event log: every round is run again)"  # fmt: skip
         damaged(f"run state {self.root / 'state.json'} is damaged ({problem}): round counters "
-                "rebuilt from the candidates")  # fmt: skip
-        judged = Counter(c.stage for c in self.candidates() if c.status != "proposed")
-        judged.pop("seed", None)
-        return {"rounds": dict(judged), "best": None, "round_costs": []}
+                f"rebuilt from {source}: {what}; round costs and best recomputed")  # fmt: skip
+        return {"rounds": rounds, "best": None, "round_costs": []}
+
+    def finished_rounds(self, children: int | None = None) -> dict[str, int]:
+        """Rounds finished per stage, read off the event log: each round's children log
+        ``proposed`` or ``proposal_failed`` with the run-wide round number and their index, and
+        rounds run one after another, so every round before the last one logged is finished;
+        the last one is finished when all its ``children`` (else as many as any round had)
+        logged and every child it proposed is judged."""
+        stage_of: dict[int, str] = {}
+        seen: dict[int, set[int]] = {}
+        members: dict[int, set[str]] = {}
+        for event in self.events("proposed") + self.events("proposal_failed"):
+            data = event["data"]
+            r, stage, child = data.get("round"), data.get("stage"), data.get("child")
+            if not (_count(r) and isinstance(stage, str) and _count(child)):
+                continue
+            stage_of[r] = stage
+            seen.setdefault(r, set()).add(child)
+            if event["kind"] == "proposed" and isinstance(data.get("candidate"), str):
+                members.setdefault(r, set()).add(data["candidate"])
+        if not stage_of:
+            return {}
+        last = max(stage_of)
+        k = children or max(max(c) + 1 for c in seen.values())
+        status = {c.id: c.status for c in self.candidates()}
+        done = [r for r in stage_of if r < last]
+        if seen[last] >= set(range(k)) and all(
+            status.get(c, "proposed") != "proposed" for c in members.get(last, set())
+        ):
+            done.append(last)
+        return dict(Counter(stage_of[r] for r in sorted(done)))
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Replace ``state.json`` atomically; TypeError if ``state`` is not JSON."""
@@ -457,4 +493,36 @@ class RunStore:
             return {}, None
         except (OSError, ValueError) as exc:
             return {}, why(exc)
-        return (state, None) if isinstance(state, dict) else ({}, "not a JSON object")
+        problem = state_problem(state)
+        return (state, None) if problem is None else ({}, problem)
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a count: an int (not a bool) >= 0."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def state_problem(state: Any) -> str | None:
+    """Why a loaded ``state.json`` is not the loop's cursor (None when it is): a JSON object
+    whose ``rounds`` maps stages to counts, ``best`` is an id or null and ``round_costs`` is a
+    list of objects of numbers; every field may be absent (a run before its first round)."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    rounds = state.get("rounds", {})
+    if not isinstance(rounds, dict) or not all(
+        isinstance(k, str) and _count(v) for k, v in rounds.items()
+    ):
+        return f"rounds is not a map of stages to counts: {json.dumps(rounds)[:80]}"
+    best = state.get("best")
+    if best is not None and not isinstance(best, str):
+        return f"best is not a candidate id: {json.dumps(best)[:80]}"
+    costs = state.get("round_costs", [])
+    if not isinstance(costs, list) or not all(
+        isinstance(c, dict) and all(_number(v) for v in c.values()) for c in costs
+    ):
+        return f"round_costs is not a list of costs: {json.dumps(costs)[:80]}"
+    return None

@@ -37,6 +37,10 @@ Invariants:
   a limiter, the call sleeps it itself); other failures wait ``retry_wait`` (exponential
   backoff with jitter). A timed-out attempt counts as a real failure. A call's retries are
   logged at DEBUG, but its :data:`LOUD_RETRY`-th, a warning: every retry is in the call log.
+- A client with a ``breaker`` (the run's, :mod:`evolve.models.breaker`) reports every
+  attempt's outcome to it and asks it before each call and attempt: tripped, a call is refused
+  at once with :class:`~evolve.models.breaker.EndpointDown` (not logged when no attempt was
+  made) and a call in its retries stops retrying.
 - The record of a call counts its transport ``retries`` (attempts after the first), how many
   of its attempts were ``rate_limited`` (429) and how many ``timeouts``, and ``repair`` (the
   call re-asked for valid JSON after an unusable reply, :meth:`LLMClient.complete_json`).
