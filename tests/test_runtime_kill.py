@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KILLS = 10
 
 # One short unit per session, retrieval = every unit in index order: the memory, exactly.
-PROGRAM = '''
+PROGRAM = """
 from dataclasses import dataclass
 
 EXTRACTION_INSTRUCTION = "One unit per message."
@@ -48,7 +48,7 @@ class Memory:
 
     def retrieve(self, query):
         return " ".join(u.content for u in self.units)[:16000]
-'''
+"""
 
 CHILD = """
 import sys

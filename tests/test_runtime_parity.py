@@ -29,12 +29,13 @@ def test_context_equals_the_evaluators_retrieved_text(data_dir: Path, tmp_path: 
         if mode == "offline":
             return WorkerConfig(cache_dir=str(tmp_path / cache), task_model=None,
                                 embedder="hashing")  # fmt: skip
+        model = ModelConfig(model="scripted")
         return WorkerConfig(cache_dir=str(tmp_path / cache), embedder="hashing",
-                            task_model=ModelConfig(model="scripted"), script=task_script)  # fmt: skip
+                            task_model=model, script=task_script)  # fmt: skip
 
     report = evaluate(PROGRAM, tasks, config("eval-cache"), jobs=1)
     assert report.meta["errors"] == 0
-    retrieved = {t.id: t.retrieved for t in report.traces}
+    retrieved = {t.id: t.retrieved or "" for t in report.traces}
 
     notices: list[str] = []
     with evolve.open_memory(PROGRAM, tmp_path / "store", config=config("runtime-cache"),

@@ -20,6 +20,11 @@ Invariants:
   recently used idle one — its memory is dumped to a snapshot (when the program's state can be
   stored) and its host closed. A scope busy in another thread is never evicted; the pool can
   then hold one host more than ``max_live`` until it is idle.
+- **Snapshots cost linear time in all.** A memory is snapshotted when ``snapshot_every``
+  sessions and :data:`SNAPSHOT_GROWTH` times the sessions of its last snapshot have been added
+  since that snapshot (a dump costs time in the memory's size, so evenly spaced snapshots would
+  make ingest quadratic), and when its host is evicted or closed. After a crash, at most that
+  tail of the log is indexed again.
 - A memory whose state cannot be stored is rebuilt from the log each time its scope is started;
   the reason is reported once per store (``notice``).
 """
@@ -36,6 +41,8 @@ from contract.types import Segment
 from evolve.pipeline import Pipeline
 from evolve.runtime.log import SessionLog
 from evolve.runtime.store import Store
+
+SNAPSHOT_GROWTH = 0.25  # a new snapshot waits for this share of the sessions the last one held
 
 
 @dataclass
@@ -105,7 +112,8 @@ class Scopes:
         def step(live: Live, log: SessionLog) -> tuple[int, bool]:
             position, new = log.append(segment)  # acknowledged from here on
             self._catch_up(live, log)
-            if live.held - live.snapshotted >= self.snapshot_every:
+            since = live.held - live.snapshotted
+            if since >= self.snapshot_every and since >= live.snapshotted * SNAPSHOT_GROWTH:
                 self._snapshot(user, live)
             return position, new
 

@@ -1,0 +1,173 @@
+"""Benchmark: the runtime (``evolve.open_memory``) at 100K, 1M and 10M tokens, through the host.
+
+A measurement script, not a test. For each history it opens a fresh store, adds the history
+session by session through the public API (each add: the session log written and fsync'd, the
+program's units made in its confined host, ``Memory.index`` there, snapshots as the runtime
+takes them), then asks every question with ``context()`` and prints:
+
+- **ingest**: sessions, messages and tokens (4 characters a token) per second of wall time;
+- **context latency** p50 / p99 over the questions, each asked twice (the second time its query
+  embedding is cached), and the host's own retrieve time (p50) beside it;
+- **reopen**: closing (the last snapshot), opening the store again and the first ``context()``
+  (snapshot restored in a new host), and the store's size on disk;
+- the peak resident memory of this process and of the user's host (read before closing it).
+
+Histories: a BEAM-100K conversation, a BEAM-1M one, and ``10M``: the BEAM-1M conversations that
+have chat files, joined in order until ``--tokens-10m`` tokens (session and message ids
+prefixed with the conversation's, so they stay unique), with the questions of the first one.
+The embedder reads the shared embedding cache (``--cache-dir``), so a history encoded once
+(by ``bench/scale.py`` or an earlier run) is not encoded again; ``--embedder hashing`` takes
+MiniLM out of the figures.
+
+    python bench/runtime.py --data-dir ../shared/data --sizes 100K,1M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import evolve
+from contract.types import Message, Segment
+from evolve.datasets.beam import list_conversations, load_conversation
+from evolve.datasets.types import Conversation, Question
+from evolve.worker import WorkerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CHARS_PER_TOKEN = 4
+
+
+def joined(data_dir: Path, tokens: int) -> tuple[Conversation, list[Question]]:
+    """The BEAM-1M conversations with chat files, joined until ``tokens`` tokens; the first
+    one's questions."""
+    sessions: list[Segment] = []
+    questions: list[Question] = []
+    chars = 0
+    for conv_id in list_conversations(data_dir, "1M"):
+        conversation, qs = load_conversation(data_dir, "1M", conv_id)
+        questions = questions or qs
+        for s in conversation.sessions:
+            messages = tuple(Message(f"c{conv_id}/{m.id}", m.role, m.content) for m in s.messages)
+            sessions.append(Segment(f"c{conv_id}/{s.session_id}", s.date, messages))
+            chars += sum(len(m.content) for m in s.messages)
+        if chars >= tokens * CHARS_PER_TOKEN:
+            break
+    return Conversation("joined-1M", tuple(sessions), {}), questions
+
+
+def history(data_dir: Path, size: str, tokens_10m: int) -> tuple[Conversation, list[Question]]:
+    if size == "10M":
+        return joined(data_dir, tokens_10m)
+    conv_id = list_conversations(data_dir, size)[0]
+    conversation, questions = load_conversation(data_dir, size, conv_id)
+    return conversation, questions
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def hosts_peak_mb() -> float:
+    """The largest peak resident memory (VmHWM) among this process's live descendants: the
+    confined hosts and their reapers."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    mine, peak = os.getpid(), 0.0
+    for pid in parent:
+        up = parent.get(pid)
+        while up not in (None, 0, 1, mine):
+            up = parent.get(up)  # type: ignore[arg-type]
+        if up != mine:
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) / 1024)
+    return peak
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def measure(size: str, args: argparse.Namespace) -> None:
+    conversation, questions = history(args.data_dir, size, args.tokens_10m)
+    n_messages = sum(len(s.messages) for s in conversation.sessions)
+    tokens = conversation.n_chars / CHARS_PER_TOKEN
+    config = WorkerConfig(cache_dir=str(args.cache_dir), task_model=None, embedder=args.embedder)
+    with tempfile.TemporaryDirectory(prefix="prismem-runtime-") as tmp:
+        store = Path(tmp) / "store"
+        memory = evolve.open_memory(args.program, store, config=config, notice=lambda _: None)
+        began = time.perf_counter()
+        for session in conversation.sessions:
+            memory.add(session.messages, user="bench", date=session.date,
+                       session_id=session.session_id)  # fmt: skip
+        ingest = time.perf_counter() - began
+        walls: list[float] = []
+        for _ in range(2):
+            for q in questions:
+                t0 = time.perf_counter()
+                memory.context(q.question, user="bench", date=q.question_date)
+                walls.append((time.perf_counter() - t0) * 1000)
+        host_peak = hosts_peak_mb()
+        t0 = time.perf_counter()
+        memory.close()
+        closing = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        again = evolve.open_memory(args.program, store, config=config, notice=lambda _: None)
+        opening = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        again.context(questions[0].question, user="bench", date=questions[0].question_date)
+        first = time.perf_counter() - t0
+        again.close()
+        on_disk = folder_bytes(store)
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{size}: {len(conversation.sessions)} sessions, {n_messages} messages, "
+          f"{tokens / 1e6:.2f}M tokens, {len(questions)} questions", flush=True)  # fmt: skip
+    print(
+        f"  ingest {ingest:.1f} s: {len(conversation.sessions) / ingest:.1f} sessions/s, "
+        f"{n_messages / ingest:.0f} messages/s, {tokens / ingest / 1000:.1f}K tokens/s"
+    )
+    print(f"  context() p50 {pct(walls, 0.5):.1f} ms, p99 {pct(walls, 0.99):.1f} ms "
+          f"({len(walls)} calls: each question twice)")  # fmt: skip
+    print(
+        f"  close {closing:.1f} s; reopen {opening:.1f} s (sandbox check included) + first "
+        f"context {first:.1f} s (snapshot restored in a new host); store {on_disk / 1e6:.1f} MB"
+    )
+    print(f"  peak RSS: this process {me:.0f} MB, the user's host {host_peak:.0f} MB",
+          flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "prismem")
+    parser.add_argument("--program", type=Path, default=ROOT / "seeds" / "dense.py")
+    parser.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")
+    parser.add_argument("--sizes", default="100K,1M,10M")
+    parser.add_argument("--tokens-10m", type=int, default=10_000_000)
+    args = parser.parse_args()
+    print(f"$ python bench/runtime.py --sizes {args.sizes} --embedder {args.embedder} "
+          f"--program {args.program.name}")  # fmt: skip
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
+          + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)  # fmt: skip
+    for size in args.sizes.split(","):
+        measure(size.strip(), args)
+
+
+if __name__ == "__main__":
+    main()
