@@ -139,7 +139,7 @@ def test_run_no_reuse_recomputes_every_stage(
         (["--data-dir", "/nonexistent/data"], "data directory /nonexistent/data does not exist"),
         (["--split", "nosuch"], "unknown BEAM split 'nosuch'"),
         (["--program", "/nonexistent/prog.py"], "program file /nonexistent/prog.py not found"),
-        (["--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'"),
+        (["--jobs", "0"], "argument --jobs: must be an integer from 1 to"),
         (["--split", "all:1M"], "no BEAM-1M data"),
     ],
 )
@@ -351,21 +351,36 @@ def assert_one_error_line(code: int, err: str, message: str) -> None:
         (["eval", "--hit-threshold", "7"], "argument --hit-threshold: must be a number in (0, 1]"),
         (["eval", "--hit-threshold", "0"], "argument --hit-threshold: must be a number in (0, 1]"),
         (["eval", "--hit-threshold", "nan"], "must be a number in (0, 1], got 'nan'"),
-        (["eval", "--task-max-tokens", "0"], "argument --task-max-tokens: must be an integer >= 1"),
-        (["compare", "--jobs", "-1"], "argument --jobs: must be an integer >= 1, got '-1'"),
-        (["compare", "--jobs", "two"], "argument --jobs: must be an integer >= 1, got 'two'"),
-        (["run", "--conversations", "0"], "argument --conversations: must be an integer >= 1"),
-        (["run", "--conversations", "most"], "--conversations: must be an integer >= 1 or 'all'"),
-        (["run", "--conversations", "-2"], "argument --conversations: must be an integer >= 1"),
-        (["run", "--jobs", "0"], "argument --jobs: must be an integer >= 1, got '0'"),
-        (["run", "--repairs", "-1"], "argument --repairs: must be an integer >= 0, got '-1'"),
+        (
+            ["eval", "--task-max-tokens", "0"],
+            "argument --task-max-tokens: must be an integer from 1 to 1,000,000",
+        ),
+        (["compare", "--jobs", "-1"], "argument --jobs: must be an integer from 1 to"),
+        (["compare", "--jobs", "two"], "got 'two'"),
+        (
+            ["run", "--conversations", "0"],
+            "--conversations: must be an integer from 1 to 1,000,000",
+        ),
+        (["run", "--conversations", "most"], "1,000,000 or 'all', got 'most'"),
+        (["run", "--conversations", "-2"], "--conversations: must be an integer from 1 to"),
+        (["run", "--jobs", "0"], "argument --jobs: must be an integer from 1 to"),
+        (
+            ["run", "--repairs", "-1"],
+            "argument --repairs: must be an integer from 0 to 100, got '-1'",
+        ),
         (["run", "--max-usd", "nan"], "argument --max-usd: must be a number >= 0, got 'nan'"),
-        (["eval", "--llm-concurrency", "0"], "argument --llm-concurrency: must be an integer >= 1"),
-        (["run", "--llm-timeout", "0"], "argument --llm-timeout: must be a number > 0, got '0'"),
-        (["compare", "--llm-timeout", "inf"], "argument --llm-timeout: must be a number > 0"),
+        (
+            ["eval", "--llm-concurrency", "0"],
+            "argument --llm-concurrency: must be an integer from 1 to 1024",
+        ),
+        (["run", "--llm-timeout", "0"], "argument --llm-timeout: must be a number of seconds > 0"),
+        (
+            ["compare", "--llm-timeout", "inf"],
+            "argument --llm-timeout: must be a number of seconds > 0",
+        ),
         (
             ["run", "--coder-max-tokens", "0"],
-            "argument --coder-max-tokens: must be an integer >= 1",
+            "argument --coder-max-tokens: must be an integer from 1 to 1,000,000",
         ),
     ],
 )
@@ -556,3 +571,33 @@ def test_run_records_absolute_paths_so_resume_works_from_elsewhere(
                            "--bench", "beam", "--rounds", "0,2,0", "--no-progress")  # fmt: skip
     assert code == 0, err
     assert len(RunStore.open(runs, run.name).candidates()) == 3
+
+
+def test_a_seed_that_fails_every_real_question_stops_the_run(
+    beam_slice: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """The seed passes the sandbox (its synthetic messages hold no comma) but raises on every
+    real conversation: the run stops after the seed's evaluation, exit 2, one error line with
+    the first error; the seed is filed ``failed`` with it (it was filed evaluated, exit 0)."""
+    from evolve.evolution.store import RunStore
+
+    bad = tmp_path / "crash.py"
+    bad.write_text(Path(DENSE).read_text().replace(
+        "        if not units:",
+        "        if any(',' in u.content for u in units):\n"
+        "            raise KeyError('too many units')\n"
+        "        if not units:",
+    ))  # fmt: skip
+    runs = tmp_path / "runs"
+    code, _, err = run_cli(capsys, "run", "--seed", str(bad), "--data-dir", str(beam_slice),
+                           "--runs-dir", str(runs), "--cache-dir", str(tmp_path / "c"),
+                           "--embedder", "hashing", "--rounds", "1,0,0", "--conversations", "1",
+                           "--jobs", "1", "--no-progress", "--children", "1",
+                           "--guard", "none")  # fmt: skip
+    assert code == 2, err
+    [line] = error_lines(err)
+    assert "the seed program failed" in line and "every question failed" in line
+    assert "KeyError" in line and "too many units" in line
+    (run,) = runs.iterdir()
+    [seed] = RunStore.open(runs, run.name).candidates()
+    assert seed.status == "failed" and "too many units" in seed.message

@@ -439,8 +439,14 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
         out.print(f"spent ${spend.cost_usd:.4f}, {spend.tokens:,} tokens in {spend.calls} calls"
                   + (f" ({spend.unpriced_calls} without a known price)"
                      if spend.unpriced_calls else ""))  # fmt: skip
-    n = len(store.candidates())
+    candidates = store.candidates()
+    n = len(candidates)
     out.print(f"run {store.run_id}: {n} candidate{'s' * (n != 1)} in {store.root}")
+    failed = [c for c in candidates if c.status == "failed"]
+    if failed:  # a program that fails every question, or whose evaluation failed
+        out.print(f"{len(failed)} candidate{'s' * (len(failed) != 1)} failed (the reason is in "
+                  f"each one's message: evolve programs {store.run_id}), first: "
+                  f"{failed[0].message[:200]}", highlight=False)  # fmt: skip
     _say_cascade(store)
     if evolution.stopped:
         resume = f"evolve run --resume {store.run_id}"

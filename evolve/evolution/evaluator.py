@@ -23,6 +23,10 @@ no diagnosis), its blocks filed under ``guard:<name>`` with the guard tests it m
 (``guards``), and the archive replayed again. A child the cascade stopped never reaches it, and
 only a candidate that would otherwise be promoted is ever scored on a guard.
 
+A candidate whose every question failed (a program that passes the sandbox but fails on real
+conversations) is filed ``failed`` with the first error in its message, never ``evaluated``;
+the loop stops the run when that candidate is the seed.
+
 A candidate's ``seconds`` is everything its evaluations took (minibatch, full and guards).
 Resume: a child whose screen is recorded is not screened again; a judged one (:data:`JUDGED`)
 is left as it is, and :meth:`Evaluator.guard` finishes any guard evaluation an interruption cut
@@ -45,6 +49,7 @@ from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, EvalReport, ProgressFn, evaluate
 from evolve.models.llm import LLMClient
+from evolve.trace import first_error
 from evolve.worker import WorkerConfig
 from sandbox.check import CheckedProgram, CheckReport, check_program
 
@@ -235,6 +240,13 @@ class Evaluator:
             return {name: future.result() for name, future in futures.items()}
 
     def _file(self, job: _Job, results: dict[str, EvalReport]) -> None:
+        asked = sum(int(r.meta["questions"]) for r in results.values())
+        if asked and sum(int(r.meta["errors"]) for r in results.values()) == asked:
+            first = next((e for r in results.values() if (e := first_error(r.traces))), "")
+            self._give_up(job.candidate, job.report, "failed",
+                          f"every question failed; first: {first}"[:500])  # fmt: skip
+            self.store.log_event("evaluated", candidate=job.candidate.id, valid=None)
+            return
         meta = self.store.get(job.candidate.id)
         self.store.write_traces(meta.id, "train", results["train"].traces)
         self.store.update(
