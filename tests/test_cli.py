@@ -601,3 +601,24 @@ def test_a_seed_that_fails_every_real_question_stops_the_run(
     (run,) = runs.iterdir()
     [seed] = RunStore.open(runs, run.name).candidates()
     assert seed.status == "failed" and "too many units" in seed.message
+
+
+@pytest.mark.parametrize("command", [["runs", "--json"], ["runs"]])
+def test_a_reader_that_leaves_early_gets_no_traceback(command: list[str], tmp_path: Path):
+    """``evolve runs --json | head -c0``: stdout's reader is gone before the command writes;
+    the command ends quietly (a BrokenPipeError traceback, or 'Exception ignored', before)."""
+    import os
+    import subprocess
+    import sys
+
+    from evolve.evolution.store import RunStore
+
+    for i in range(40):  # output longer than one write
+        RunStore.create(tmp_path, {"config": {}}, run_id=f"run-{i:03d}")
+    read, write = os.pipe()
+    os.close(read)  # the reader left before anything was written
+    proc = subprocess.run([sys.executable, "-m", "evolve", *command, "--runs-dir", str(tmp_path)],
+                          stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode in (0, 1, 141)  # 1: rich ends so on a closed pipe

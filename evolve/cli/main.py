@@ -11,13 +11,16 @@ Every expected failure (bad flag, missing or malformed data, unreadable program,
 stored configuration does not load) ends with one ``error:`` line on stderr and exit status 2
 — argparse's own errors included (:class:`~evolve.cli.common.Parser`); nothing computed before
 the failure is lost, because stage outputs are stored as they are produced. A damaged file that
-a command works around (:func:`evolve.models.damaged`) is one ``warning:`` line, once.
+a command works around (:func:`evolve.models.damaged`) is one ``warning:`` line, once. A reader
+of stdout that leaves early (``evolve runs --json | head``) ends the command quietly, status 141
+(a shell's for SIGPIPE), never with a ``BrokenPipeError`` traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 
 from rich.markup import escape
@@ -87,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         check_settings()
         isolation_gate(args)
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader that left is found here, not at the interpreter's exit
+        return code
     except (UsageError, DataError, ConfigError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2
@@ -98,3 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted: stage outputs computed so far are kept in the cache")
         return 130
+    except BrokenPipeError:  # the reader of stdout left (``--json | head``): nothing more to say
+        _quiet_stdout()
+        return 141  # as a shell reports a process ended by SIGPIPE
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of a closed pipe raises
+    nothing at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
