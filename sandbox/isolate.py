@@ -19,10 +19,14 @@ Invariants:
   backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
   deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
   so a program cannot stretch a request without bound by calling the backend.
-- Every frame the host sends is bounded by what its request can legitimately return
-  (:data:`FRAME_BYTES`, :data:`BACKEND_FRAME_BYTES` for its backend requests), checked from
-  the length prefixes before anything is read, and read into buffers that grow only as bytes
-  arrive: a forged frame cannot make the optimizer allocate more than that.
+- Every frame the host sends is bounded by its kind, which the frame declares in its length
+  prefix (:mod:`sandbox.wire`), checked before any of it is read: an answer (``result``) by
+  what its request can legitimately return (:data:`FRAME_BYTES`; 1 MiB for most requests, a
+  unit list at most the wire's JSON limit, a memory-state chunk
+  :data:`~sandbox.wire.STATE_CHUNK_BYTES` plus 1 MiB), an ``error`` by 1 MiB, a backend
+  request by :data:`BACKEND_FRAME_BYTES`; a header whose ``kind`` is not the declared one is
+  refused. Frames are read into buffers that grow only as bytes arrive: a forged frame cannot
+  make the optimizer allocate more than its kind's bound.
 - :meth:`Host.cpu_seconds` is the kernel's CPU accounting of the host's processes, read from
   ``/proc`` on the optimizer's side: nothing the program does inside can change it.
 - The host's stderr is kept up to :attr:`Limits.stderr_bytes`; the rest is discarded.
@@ -160,7 +164,6 @@ class Host:
             close_fds=True,
         )
         self._stderr = bytearray()
-        self._last_frame_bytes = 0
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_thread.start()
         self.isolation: dict[str, Any] = {}
@@ -188,15 +191,10 @@ class Host:
         deadline = time.monotonic() + allowed
         extension = allowed * BACKEND_EXTENSION  # backend time the deadline may still absorb
         self._send(encode_frame({"op": op, **(payload or {})}, blobs), deadline)
-        answer_bytes = FRAME_BYTES.get(op, SMALL_FRAME_BYTES)
+        bounds = {"result": FRAME_BYTES.get(op, SMALL_FRAME_BYTES), "error": SMALL_FRAME_BYTES,
+                  "backend": BACKEND_FRAME_BYTES}  # fmt: skip
         while True:
-            header, got = self._receive(deadline, max(answer_bytes, BACKEND_FRAME_BYTES))
-            if header.get("kind") != "backend" and self._last_frame_bytes > answer_bytes:
-                self.kill()
-                raise HostFailure(
-                    f"host broke the protocol: a {self._last_frame_bytes}-byte answer to {op!r}"
-                    f" (at most {answer_bytes})"
-                )
+            header, got = self._receive(deadline, bounds)
             kind = header.get("kind")
             if kind == "result":
                 return header.get("result"), got
@@ -226,13 +224,13 @@ class Host:
                 raise self._died() from None
 
     def _receive(
-        self, deadline: float, max_bytes: int = SMALL_FRAME_BYTES
+        self, deadline: float, bounds: dict[str, int] | None = None
     ) -> tuple[dict[str, Any], list[bytes]]:
+        """One frame from the host, bounded by the kind it declares (``bounds``: kind ->
+        bytes; by default only a small ``ready`` frame is expected)."""
         fd = self.proc.stdout.fileno() if self.proc.stdout else -1
-        self._last_frame_bytes = 0
 
         def recv(n: int) -> bytes:
-            self._last_frame_bytes += n
             buf = bytearray()
             while len(buf) < n:
                 self._ready(fd, select.POLLIN, deadline)
@@ -243,7 +241,7 @@ class Host:
             return bytes(buf)
 
         try:
-            return read_frame(recv, max_bytes)
+            return read_frame(recv, bounds=bounds or {"ready": SMALL_FRAME_BYTES})
         except WireError as exc:
             self.kill()
             raise HostFailure(f"host broke the protocol: {exc}") from None

@@ -5,8 +5,12 @@ bytes with their shape in the JSON). Nothing is ever unpickled on the optimizer'
 host is hostile, so the reader bounds every length before allocating and rejects anything that
 is not plain JSON.
 
-Layout: ``>II`` (JSON length, number of blobs), the JSON bytes, then per blob ``>Q`` length and
-the bytes.
+Layout: ``>II`` (JSON length; the frame's kind code times 256 plus its number of blobs), the
+JSON bytes, then per blob ``>Q`` length and the bytes. The kind code is the index of the
+header's ``kind`` in :data:`KINDS` (0, ``result``, for a frame without one), so a reader given
+per-kind bounds (``read_frame(..., bounds=...)``) knows from the first eight bytes how much
+the frame may hold, before it reads any of it, and refuses a header whose ``kind`` is not the
+one declared.
 
 Limits: a frame holds at most :data:`MAX_JSON_BYTES` of JSON and :data:`MAX_BLOBS` blobs of at
 most :data:`MAX_BLOB_BYTES` each; the reader may be given a tighter bound for a whole frame
@@ -21,7 +25,7 @@ patched ``json`` could not rewrite the host's frames.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from json import dumps as _dumps
 from json import loads as _loads
 from struct import pack as _pack
@@ -34,6 +38,7 @@ MAX_JSON_BYTES = 64 << 20
 MAX_BLOBS = 8
 MAX_BLOB_BYTES = 512 << 20
 STATE_CHUNK_BYTES = 16 << 20  # a memory state crosses in chunks of at most this many bytes
+KINDS = ("result", "error", "backend", "ready")  # a frame's kind code is its index here
 
 
 class WireError(Exception):
@@ -43,7 +48,9 @@ class WireError(Exception):
 def encode_frame(header: dict[str, Any], blobs: list[bytes] | None = None) -> bytes:
     blobs = blobs or []
     data = _dumps(header).encode()
-    parts = [_pack(">II", len(data), len(blobs)), data]
+    kind = header.get("kind")
+    code = KINDS.index(kind) if kind in KINDS else 0
+    parts = [_pack(">II", len(data), code << 8 | len(blobs)), data]
     for blob in blobs:
         parts += [_pack(">Q", len(blob)), blob]
     return b"".join(parts)
@@ -66,13 +73,24 @@ def reader(inp: IO[bytes]) -> Callable[[int], bytes]:
 
 
 def read_frame(
-    recv: Callable[[int], bytes], max_bytes: int | None = None
+    recv: Callable[[int], bytes],
+    max_bytes: int | None = None,
+    bounds: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, Any], list[bytes]]:
     """One frame through ``recv(n)``, which returns exactly n bytes or raises. ``max_bytes``
-    bounds the JSON and blobs together, checked from each length before its bytes are read."""
-    n_json, n_blobs = _unpack(">II", recv(8))
+    bounds the JSON and blobs together, checked from each length before its bytes are read;
+    ``bounds`` (kind -> bytes), when given, bounds them by the kind the frame declares instead,
+    refuses a kind not named there and a header whose ``kind`` is not the declared one."""
+    n_json, word = _unpack(">II", recv(8))
+    code, n_blobs = word >> 8, word & 0xFF
+    if code >= len(KINDS):
+        raise WireError(f"malformed frame: kind code {code}")
     if n_json > MAX_JSON_BYTES or n_blobs > MAX_BLOBS:
         raise WireError(f"frame too large ({n_json} bytes of JSON, {n_blobs} blobs)")
+    if bounds is not None:
+        if KINDS[code] not in bounds:
+            raise WireError(f"unexpected frame kind {KINDS[code]!r}")
+        max_bytes = bounds[KINDS[code]]
     left = MAX_JSON_BYTES + MAX_BLOBS * MAX_BLOB_BYTES if max_bytes is None else max_bytes
     if n_json > left:
         raise WireError(f"frame too large ({n_json} bytes of JSON; at most {left} expected)")
@@ -83,6 +101,9 @@ def read_frame(
         raise WireError(f"malformed frame: {type(exc).__name__}") from None
     if not isinstance(header, dict):
         raise WireError("malformed frame: not a JSON object")
+    if bounds is not None and header.get("kind") != KINDS[code]:
+        kind = header.get("kind")
+        raise WireError(f"malformed frame: a {kind!r} header in a {KINDS[code]!r} frame")
     blobs = []
     for _ in range(n_blobs):
         (size,) = _unpack(">Q", recv(8))

@@ -3,18 +3,20 @@
 A long run's worker holds many descriptors (caches, logs, sockets of concurrent calls), so the
 pipes to a host it starts can be numbered 1024 or more, past what ``select`` can watch: talking
 to the host must work there all the same (it once failed every question with "filedescriptor
-out of range in select()").
+out of range in select()"); and every frame it reads is bounded by the kind its prefix
+declares before any of it is read.
 """
 
 from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sandbox import wire
 from sandbox.isolate import Host, Limits
 
 DENSE = (Path(__file__).resolve().parents[1] / "seeds" / "dense.py").read_text()
@@ -45,3 +47,42 @@ def test_a_host_whose_pipes_are_numbered_above_1024_answers(low_descriptors_take
         assert host.proc.stdin is not None and host.proc.stdin.fileno() > 1024
         host.call("load", {"source": DENSE, "path": "dense.py"})
         host.call("smoke")
+
+
+def _recorder(frame: bytes) -> tuple[list[int], Callable[[int], bytes]]:
+    """A ``recv`` over ``frame`` that records how many bytes each read asked for."""
+    asked: list[int] = []
+    view = memoryview(frame)
+
+    def recv(n: int) -> bytes:
+        nonlocal view
+        asked.append(n)
+        out, view = bytes(view[:n]), view[n:]
+        return out
+
+    return asked, recv
+
+
+BOUNDS = {"result": 1 << 10, "error": 1 << 10, "backend": 1 << 20}
+
+
+def test_a_frame_is_bounded_by_its_declared_kind_before_any_of_it_is_read() -> None:
+    big = {"kind": "result", "result": "x" * 4096}  # within a backend request's bound
+    asked, recv = _recorder(wire.encode_frame(big))
+    with pytest.raises(wire.WireError, match="too large"):
+        wire.read_frame(recv, bounds=BOUNDS)
+    assert asked == [8]  # the prefix only: the JSON was never read
+    request = {"kind": "backend", "method": "embed", "texts": ["x" * 4096]}
+    assert wire.read_frame(_recorder(wire.encode_frame(request))[1], bounds=BOUNDS)[0] == request
+
+
+def test_a_frame_whose_header_lies_about_its_kind_is_refused() -> None:
+    frame = bytearray(wire.encode_frame({"kind": "result", "result": "x" * 4096}))
+    frame[6] = wire.KINDS.index("backend")  # declared a backend request: the bigger bound
+    with pytest.raises(wire.WireError, match="'result' header in a 'backend' frame"):
+        wire.read_frame(_recorder(bytes(frame))[1], bounds=BOUNDS)
+    frame[6] = len(wire.KINDS)
+    with pytest.raises(wire.WireError, match="kind code"):
+        wire.read_frame(_recorder(bytes(frame))[1], bounds=BOUNDS)
+    with pytest.raises(wire.WireError, match="unexpected frame kind 'ready'"):
+        wire.read_frame(_recorder(wire.encode_frame({"kind": "ready"}))[1], bounds=BOUNDS)
