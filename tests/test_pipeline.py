@@ -135,3 +135,37 @@ def test_a_failed_memory_is_not_built_again_for_every_question(
     many, errors = run(8, tmp_path / "eight")
     assert errors == [error] * 8  # every question fails, with the same reason
     assert many == once  # the model was asked to extract once per window, not once per question
+
+
+ASKING = (
+    (SEEDS / "simple.py")
+    .read_text()
+    .replace(
+        "        self.units.extend(units)\n",
+        "        self.units.extend(units)\n"
+        "        self.replies = getattr(self, 'replies', []) + [self.backend.complete('Summarise.')]\n",
+    )
+    .replace(
+        "        return text[:OUT_CHAR_BUDGET]\n",
+        "        return ('|'.join(self.replies) + text)[:OUT_CHAR_BUDGET]\n",
+    )
+)
+
+
+def test_the_completion_budget_is_per_add(conversation: TaskSet, tmp_path: Path) -> None:
+    """``backend.max_complete_calls`` bounds each host request (contract.spec): a program may
+    spend it again in every session's ``index``."""
+    assert "self.backend.complete" in ASKING and "self.replies" in ASKING
+    config = WorkerConfig(cache_dir=str(tmp_path), task_model=ModelConfig(model="scripted"),
+                          embedder="hashing", script=task_script, max_complete_calls=1)  # fmt: skip
+    pipeline = pipeline_for(ASKING, "asking.py", config)
+    sessions = conversation.conversations[0].sessions
+    assert len(sessions) >= 3
+    try:
+        pipeline.open()
+        for segment in sessions:
+            pipeline.add(segment, pipeline.units(segment, None))
+        got = pipeline.retrieve(pipeline.query("anything", None, None))
+        assert got.text.startswith("|".join(["This is a scripted answer."] * len(sessions)))
+    finally:
+        pipeline.close()
