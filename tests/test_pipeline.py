@@ -162,9 +162,10 @@ def test_the_completion_budget_is_per_add(conversation: TaskSet, tmp_path: Path)
     sessions = conversation.conversations[0].sessions
     assert len(sessions) >= 3
     try:
+        units = [pipeline.units(segment, None) for segment in sessions]
         pipeline.open()
-        for segment in sessions:
-            pipeline.add(segment, pipeline.units(segment, None))
+        for segment, unit_dicts in zip(sessions, units, strict=True):  # adds back to back
+            pipeline.add(segment, unit_dicts)
         got = pipeline.retrieve(pipeline.query("anything", None, None))
         assert got.text.startswith("|".join(["This is a scripted answer."] * len(sessions)))
     finally:
