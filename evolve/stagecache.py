@@ -11,12 +11,16 @@ Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerp
    :mod:`contract.state` (pickled and unpickled only in the sandbox host). Failures are never
    stored. Every read checks the shape of what it reads (:data:`SHAPES`: extract a list of unit
    records, plan a query record, retrieve the retrieval record, answer a string; index state a
-   complete pickle stream): an entry that fails is a miss, reported to ``on_invalid``,
-   recomputed by the caller and overwritten.
+   complete pickle stream) and its checksum: each entry is written framed, one header line
+   ``prismem-stage sha256=<hex>`` over the payload that follows (:func:`frame`), and a read
+   whose payload does not hash to its header (an edit, even one that leaves valid JSON; an
+   entry from before checksums) is invalid like a wrong shape: a miss, reported to
+   ``on_invalid``, recomputed by the caller and overwritten.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickletools
 from collections.abc import Callable
@@ -78,6 +82,25 @@ SHAPES: dict[str, TypeAdapter[Any]] = {  # what a JSON entry of each stage must 
     "retrieve": TypeAdapter(_Retrieved),
     "answer": TypeAdapter(str, config=_STRICT),
 }
+
+
+_HEADER = b"prismem-stage sha256="
+
+
+def frame(payload: bytes) -> bytes:
+    """An entry as stored: the checksum header line, then ``payload``."""
+    return _HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def unframe(data: bytes) -> bytes | None:
+    """The payload of a stored entry, or None when its header is missing or its checksum does
+    not match the payload."""
+    head, newline, payload = data.partition(b"\n")
+    if not newline or not head.startswith(_HEADER):
+        return None
+    if head[len(_HEADER) :] != hashlib.sha256(payload).hexdigest().encode():
+        return None
+    return payload
 
 
 def _complete_pickle(data: bytes) -> bool:
@@ -174,10 +197,13 @@ class StageStore:
         if not self._readable(path):
             return None
         try:
-            value = json.loads(path.read_bytes())
+            payload = unframe(path.read_bytes())
+            if payload is None:  # edited, torn or from before checksums
+                raise ValueError("checksum")
+            value = json.loads(payload)
         except FileNotFoundError:
             return None
-        except ValueError:  # not JSON, or not UTF-8
+        except ValueError:  # its checksum fails, not JSON, or not UTF-8
             self._on_invalid(stage)
             return None
         try:
@@ -196,10 +222,10 @@ class StageStore:
         if not self._readable(path):
             return None
         try:
-            data = path.read_bytes()
+            data = unframe(path.read_bytes())
         except FileNotFoundError:
             return None
-        if not _complete_pickle(data):
+        if data is None or not _complete_pickle(data):
             self._on_invalid(stage)
             return None
         return data
@@ -211,4 +237,4 @@ class StageStore:
         if self._own is not None:
             self._own.add(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, data)
+        write_atomic(path, frame(data))

@@ -281,6 +281,26 @@ def test_index_state_must_be_a_whole_pickle(tmp_path: Path) -> None:
     assert store.get_bytes("index", "cd34") == data and seen == ["index"]
 
 
+def test_an_edit_that_keeps_the_shape_fails_the_checksum(tmp_path: Path) -> None:
+    """A stage entry edited into other valid JSON of the right shape (or a pickle into another
+    whole pickle) is served no more: its checksum fails, it is counted invalid and recomputed
+    (served as if computed, before)."""
+    seen: list[str] = []
+    store = StageStore(tmp_path, on_invalid=seen.append)
+    store.put_json("answer", "ab12", "Paris")
+    path = next((tmp_path / "answer").rglob("ab12.json"))
+    path.write_bytes(path.read_bytes().replace(b'"Paris"', b'"Rome"'))
+    assert json.loads(path.read_bytes().partition(b"\n")[2]) == "Rome"  # valid JSON, a string
+    assert store.get_json("answer", "ab12") is None and seen == ["answer"]
+    store.put_json("answer", "ab12", "Paris")  # recomputed and overwritten: served again
+    assert store.get_json("answer", "ab12") == "Paris" and seen == ["answer"]
+    store.put_bytes("index", "cd34", pickle.dumps({"units": [1, 2]}))
+    path = next((tmp_path / "index").rglob("cd34.bin"))
+    head, _, _ = path.read_bytes().partition(b"\n")
+    path.write_bytes(head + b"\n" + pickle.dumps({"units": [1, 3]}))  # a whole pickle
+    assert store.get_bytes("index", "cd34") is None and seen == ["answer", "index"]
+
+
 # --- the embedding cache ------------------------------------------------------------------
 
 TEXTS = [f"message number {i} about the weather" for i in range(40)]
