@@ -111,6 +111,20 @@ def test_malformed_json_is_repaired(tmp_path: Path) -> None:
     assert llm.usage_summary()["annotator"]["calls"] == 2
 
 
+def test_a_reply_that_is_not_the_json_asked_for_is_not_cached(tmp_path: Path) -> None:
+    """Prose where JSON was asked for is not kept in the request cache as a success: the same
+    request, replayed (another process on the same cache), asks the model again and gets
+    JSON; the repaired reply, a success, is cached (the prose was replayed before)."""
+    cache = tmp_path / "c.db"
+    first = ScriptedLLM(["I would rather answer in words.", '{"n": 4}'], cache_path=cache)
+    assert first.complete_json("task", "extract", "give n", SCHEMA, positive_n) == 4
+    again = ScriptedLLM(['{"n": 5}'], cache_path=cache)
+    assert again.complete_json("task", "extract", "give n", SCHEMA, positive_n) == 5
+    assert len(again.transport_calls) == 1  # the prose was not served from the cache
+    third = ScriptedLLM([], cache_path=cache)  # the successful reply is served
+    assert third.complete_json("task", "extract", "give n", SCHEMA, positive_n) == 5
+
+
 def test_validation_failing_three_times_raises() -> None:
     llm = ScriptedLLM(lambda role, stage, messages: '{"n": -1}')
     with pytest.raises(LLMError, match="3 attempts.*positive int"):

@@ -15,7 +15,8 @@ Invariants:
   call log (:func:`evolve.models.calllog.append`). Token counts on a cache hit are those of the
   cached response (the work the request represents); ``cost_usd`` is money actually spent (None
   when litellm has no price).
-- The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only,
+- The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only
+  (a reply :meth:`LLMClient.complete_json` finds no usable JSON in is dropped from it again),
   keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
   json_schema, extra params without secret-named ones, and ``api_base`` when one is set).
   Prompts are not stored, only their hash.
@@ -144,6 +145,7 @@ class Completion:
     latency_s: float
     cached: bool
     model: str
+    request_hash: str = ""  # the request's key in the request cache (set by complete)
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,7 @@ class LLMClient:
         began = time.perf_counter()
         hit = self._cache_get(key)
         if hit is not None:
-            hit = replace(hit, latency_s=time.perf_counter() - began)
+            hit = replace(hit, latency_s=time.perf_counter() - began, request_hash=key)
             self._record(role, stage, hit, key, None, Attempts(None), repair)
             return hit
         if self.breaker is not None:  # the run's endpoint is down: refused, not logged
@@ -306,7 +308,8 @@ class LLMClient:
                     self.breaker.call_failed(_endpoint(config), exc)
                 down = isinstance(exc, EndpointDown)
                 raise (EndpointDown(str(exc)) if down else LLMError(error)) from None
-            reply = replace(reply, latency_s=time.perf_counter() - began, cached=False)
+            reply = replace(reply, latency_s=time.perf_counter() - began, cached=False,
+                            request_hash=key)  # fmt: skip
             self._cache_put(key, reply)
             self._record(role, stage, reply, key, None, counts, repair)
         return reply
@@ -364,6 +367,7 @@ class LLMClient:
                 return validate(parse_json_reply(reply.text))
             except ValueError as exc:
                 problem = " ".join(str(exc).split())[:1000]
+                self._cache_forget(reply.request_hash)  # not the JSON asked for: no success
             conversation = [
                 *conversation,
                 {"role": "assistant", "content": reply.text},
@@ -492,6 +496,17 @@ class LLMClient:
         if row is None:
             return None
         return Completion(row[0], row[1], row[2], 0.0, 0.0, True, row[3])
+
+    def _cache_forget(self, key: str) -> None:
+        """Drop a cached reply that turned out unusable (a replay asks the model again)."""
+        if self.cache_path is None or not key:
+            return
+        cache_transaction(
+            self.cache_path,
+            CALLS_SCHEMA,
+            "LLM request cache",
+            lambda conn: conn.execute("DELETE FROM responses WHERE request_hash = ?", (key,)),
+        )
 
     def _cache_put(self, key: str, reply: Completion) -> None:
         if self.cache_path is None:
