@@ -6,20 +6,24 @@ program's units made in its confined host, ``Memory.index`` there, snapshots as 
 takes them), then asks every question with ``context()`` and prints:
 
 - **ingest**: sessions, messages and tokens (4 characters a token) per second of wall time;
-- **context latency** p50 / p99 over the questions, each asked twice (the second time its query
-  embedding is cached), and the host's own retrieve time (p50) beside it;
+- **context latency** p50 / p99 over the questions, each asked twice: cold (a nonce appended,
+  so MiniLM encodes the query), then the same again (its embedding cached), beside the
+  baseline of encoding such a query alone in this process (after both passes);
 - **reopen**: closing (the last snapshot), opening the store again and the first ``context()``
   (snapshot restored in a new host), and the store's size on disk;
 - the peak resident memory of this process and of the user's host (read before closing it).
 
-Histories: a BEAM-100K conversation, a BEAM-1M one, and ``10M``: the BEAM-1M conversations that
-have chat files, joined in order until ``--tokens-10m`` tokens (session and message ids
-prefixed with the conversation's, so they stay unique), with the questions of the first one.
+Histories: the first BEAM-100K conversation, the first BEAM-1M one with a chat file, and
+``10M``: the 13 BEAM-1M conversations with chat files joined into one history of about 11.5M
+tokens, as ``bench/joined_history.py --out DIR`` writes it (ids offset, the questions of
+conversation 3; pass ``--joined DIR``).
 The embedder reads the shared embedding cache (``--cache-dir``), so a history encoded once
 (by ``bench/scale.py`` or an earlier run) is not encoded again; ``--embedder hashing`` takes
 MiniLM out of the figures.
 
     python bench/runtime.py --data-dir ../shared/data --sizes 100K,1M
+    python bench/joined_history.py --data-dir ../shared/data --out /tmp/beam-joined
+    python bench/runtime.py --sizes 10M --joined /tmp/beam-joined --embedder hashing
 """
 
 from __future__ import annotations
@@ -30,42 +34,25 @@ import platform
 import resource
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import evolve
-from contract.types import Message, Segment
 from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
-from evolve.worker import WorkerConfig
+from evolve.worker import WorkerConfig, make_embedder
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS_PER_TOKEN = 4
 
 
-def joined(data_dir: Path, tokens: int) -> tuple[Conversation, list[Question]]:
-    """The BEAM-1M conversations with chat files, joined until ``tokens`` tokens; the first
-    one's questions."""
-    sessions: list[Segment] = []
-    questions: list[Question] = []
-    chars = 0
-    for conv_id in list_conversations(data_dir, "1M"):
-        conversation, qs = load_conversation(data_dir, "1M", conv_id)
-        questions = questions or qs
-        for s in conversation.sessions:
-            messages = tuple(Message(f"c{conv_id}/{m.id}", m.role, m.content) for m in s.messages)
-            sessions.append(Segment(f"c{conv_id}/{s.session_id}", s.date, messages))
-            chars += sum(len(m.content) for m in s.messages)
-        if chars >= tokens * CHARS_PER_TOKEN:
-            break
-    return Conversation("joined-1M", tuple(sessions), {}), questions
-
-
-def history(data_dir: Path, size: str, tokens_10m: int) -> tuple[Conversation, list[Question]]:
+def history(args: argparse.Namespace, size: str) -> tuple[Conversation, list[Question]]:
+    """A BEAM conversation of ``size``: the first with a chat file, or for 10M the joined
+    history that ``bench/joined_history.py`` wrote under ``--joined``."""
     if size == "10M":
-        return joined(data_dir, tokens_10m)
-    conv_id = list_conversations(data_dir, size)[0]
-    conversation, questions = load_conversation(data_dir, size, conv_id)
-    return conversation, questions
+        return load_conversation(args.joined, "10M", "1")
+    conv_id = list_conversations(args.data_dir, size)[0]
+    return load_conversation(args.data_dir, size, conv_id)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -105,7 +92,7 @@ def folder_bytes(path: Path) -> int:
 
 
 def measure(size: str, args: argparse.Namespace) -> None:
-    conversation, questions = history(args.data_dir, size, args.tokens_10m)
+    conversation, questions = history(args, size)
     n_messages = sum(len(s.messages) for s in conversation.sessions)
     tokens = conversation.n_chars / CHARS_PER_TOKEN
     config = WorkerConfig(cache_dir=str(args.cache_dir), task_model=None, embedder=args.embedder)
@@ -117,12 +104,19 @@ def measure(size: str, args: argparse.Namespace) -> None:
             memory.add(session.messages, user="bench", date=session.date,
                        session_id=session.session_id)  # fmt: skip
         ingest = time.perf_counter() - began
-        walls: list[float] = []
-        for _ in range(2):
+        walls: dict[str, list[float]] = {"cold": [], "cached": []}
+        nonce = f" [{uuid.uuid4().hex[:8]}]"  # the first pass misses the embedding cache
+        for kind in walls:  # the second asks the same queries: cached
             for q in questions:
                 t0 = time.perf_counter()
-                memory.context(q.question, user="bench", date=q.question_date)
-                walls.append((time.perf_counter() - t0) * 1000)
+                memory.context(q.question + nonce, user="bench", date=q.question_date)
+                walls[kind].append((time.perf_counter() - t0) * 1000)
+        embedder = make_embedder(config.embedder, config.cache_dir)  # the runtime's own
+        alone = []  # the baseline: encoding the query alone, in process (another nonce)
+        for q in questions:
+            t0 = time.perf_counter()
+            embedder.embed([f"{q.question} [{uuid.uuid4().hex[:8]}]"])
+            alone.append((time.perf_counter() - t0) * 1000)
         host_peak = hosts_peak_mb()
         t0 = time.perf_counter()
         memory.close()
@@ -142,8 +136,11 @@ def measure(size: str, args: argparse.Namespace) -> None:
         f"  ingest {ingest:.1f} s: {len(conversation.sessions) / ingest:.1f} sessions/s, "
         f"{n_messages / ingest:.0f} messages/s, {tokens / ingest / 1000:.1f}K tokens/s"
     )
-    print(f"  context() p50 {pct(walls, 0.5):.1f} ms, p99 {pct(walls, 0.99):.1f} ms "
-          f"({len(walls)} calls: each question twice)")  # fmt: skip
+    print(f"  baseline: encoding a new query alone, in process: p50 {pct(alone, 0.5):.1f} ms, "
+          f"p99 {pct(alone, 0.99):.1f} ms")  # fmt: skip
+    for kind, values in walls.items():
+        print(f"  context() {kind} query embedding: p50 {pct(values, 0.5):.1f} ms, "
+              f"p99 {pct(values, 0.99):.1f} ms")  # fmt: skip
     print(
         f"  close {closing:.1f} s; reopen {opening:.1f} s (sandbox check included) + first "
         f"context {first:.1f} s (snapshot restored in a new host); store {on_disk / 1e6:.1f} MB"
@@ -159,7 +156,9 @@ def main() -> None:
     parser.add_argument("--program", type=Path, default=ROOT / "seeds" / "dense.py")
     parser.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")
     parser.add_argument("--sizes", default="100K,1M,10M")
-    parser.add_argument("--tokens-10m", type=int, default=10_000_000)
+    joined = Path(tempfile.gettempdir()) / "beam-joined"
+    parser.add_argument("--joined", type=Path, default=joined,
+                        help="bench/joined_history.py's --out (for 10M)")  # fmt: skip
     args = parser.parse_args()
     print(f"$ python bench/runtime.py --sizes {args.sizes} --embedder {args.embedder} "
           f"--program {args.program.name}")  # fmt: skip
