@@ -383,3 +383,45 @@ def test_without_an_event_log_no_round_counts_as_finished(tmp_path: Path) -> Non
     store = RunStore.create(tmp_path, {})
     (store.root / "state.json").write_text("{")
     assert store.load_state() == {"rounds": {}, "best": None, "round_costs": []}
+
+
+def test_a_lost_call_log_is_rebuilt_from_the_round_costs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with models whose calls.sqlite was deleted: a resume rebuilds its spend from the
+    finished rounds' costs (one warning line), so --max-usd does not start from zero again, and
+    the rebuilt row is not read as the price of one call."""
+    from evolve.cli.run import _rebuild_lost_log
+    from evolve.config import RunConfig
+    from evolve.evolution.budget import calls_path, read_spend
+    from evolve.models import spendcap
+    from evolve.models.llm import ModelConfig
+
+    store = RunStore.create(tmp_path, {})
+    store.add_candidate(SOURCE, parents=[], stage="seed", capability=None, message="s")
+    store.save_state(
+        {
+            "rounds": {"cold_start": 2},
+            "best": None,
+            "round_costs": [{"usd": 1.25, "tokens": 1000}, {"usd": 0.5, "tokens": 500}],
+        }
+    )
+    config = RunConfig(
+        data_dir=str(tmp_path),
+        seed_program=str(tmp_path / "s.py"),
+        cache_dir=str(tmp_path / "c"),
+        coder_model=ModelConfig(model="openai/m"),
+    )
+    assert not calls_path(store.root).exists()
+    assert _rebuild_lost_log(store, config) == 1.75
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "call log" in err and "$1.7500" in err
+    spend = read_spend(store.root).total
+    assert (spend.cost_usd, spend.tokens) == (1.75, 1500)
+    assert _rebuild_lost_log(store, config) is None  # the log is there now
+    spendcap.write_caps(calls_path(store.root), spendcap.Caps(max_usd=2.0))
+    with spendcap.admit(calls_path(store.root)):  # $0.25 left: one call of unknown price goes
+        pass
+    spendcap.write_caps(calls_path(store.root), spendcap.Caps(max_usd=1.0))
+    with pytest.raises(spendcap.SpendCapReached), spendcap.admit(calls_path(store.root)):
+        pass  # the rebuilt spend is over this cap (it started from $0 before)

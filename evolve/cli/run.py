@@ -14,6 +14,7 @@ so that the commands that only read a run do not load the engine.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -417,6 +418,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     _say_guards(config)
     if args.resume:
         _say_unrecovered(store)
+        _rebuild_lost_log(store, config)
     with bar as advance:
         done = [0]
 
@@ -486,6 +488,36 @@ def _say_unrecovered(store: RunStore) -> None:
         err.print(f"[yellow]resume:[/] could not recover {len(lost)} damaged file(s), named above; "
                   f"continuing with the {kept} readable candidates (not evaluated again)",
                   highlight=False)  # fmt: skip
+
+
+def _rebuild_lost_log(store: RunStore, config: RunConfig) -> float | None:
+    """On ``--resume``: a run with models whose call log is gone would count its spend, and so
+    its ``--max-usd`` / ``--max-tokens`` caps, from zero. Its spend is rebuilt into a new log
+    from ``state.json``'s round costs (one row, role ``rebuilt``), said in one warning line;
+    returns the USD rebuilt (None when the log is there or the run calls no model)."""
+    from dataclasses import asdict
+
+    from evolve.evolution.budget import calls_path
+    from evolve.models import calllog
+    from evolve.models.llm import UsageRecord
+
+    path = calls_path(store.root)
+    models = (config.task_model, config.coder_model, config.judge_model)
+    if path.exists() or all(m is None for m in models) or not store.candidates():
+        return None
+    costs = store.load_state().get("round_costs", [])
+    usd = sum(float(c.get("usd", 0.0)) for c in costs)
+    tokens = int(sum(float(c.get("tokens", 0)) for c in costs))
+    record = UsageRecord(ts=time.time(), role=calllog.REBUILT, stage="lost call log",
+                         model="unknown", prompt_tokens=tokens, completion_tokens=0,
+                         cost_usd=usd, latency_s=0.0, cached=False, request_hash="rebuilt",
+                         error=None)  # fmt: skip
+    calllog.append(path, asdict(record))
+    err.print(f"[yellow]warning:[/] the run's call log {escape(str(path))} is missing: its spend "
+              f"is rebuilt from the finished rounds' costs in state.json (${usd:.4f}, "
+              f"{tokens:,} tokens; the seed's and an unfinished round's calls are not counted), "
+              "so the caps do not start from zero", highlight=False)  # fmt: skip
+    return usd
 
 
 def _dry_run(config: RunConfig) -> int:

@@ -42,6 +42,8 @@ CREATE TABLE IF NOT EXISTS responses (
     completion_tokens INTEGER NOT NULL, model TEXT NOT NULL
 );
 """
+# The role of the one row a lost log's spend is rebuilt into (``evolve run --resume``)
+REBUILT = "rebuilt"
 # Columns added to ``calls`` after its first version: an older log gains them when written to.
 FAULT_COLUMNS = ("retries", "rate_limited", "timeouts", "repair")
 _migrated: set[tuple[int, str]] = set()

@@ -16,10 +16,11 @@ Invariants:
   per cap (USD, tokens): ``spent`` sums the call log as :class:`~evolve.models.usage.Tally`
   does (read incrementally: only the rows added since the last look); ``in_flight`` counts the
   calls this process admitted that have not returned (their rows are not in the log yet);
-  ``dearest`` is the most one logged call has cost. Until the log holds a call that reached a
-  model, a process admits one call at a time (nothing says yet what a call costs). A cache hit
-  costs nothing and is never refused. Calls in flight in other processes are counted once
-  their rows land in the log.
+  ``dearest`` is the most one logged call has cost (a :data:`~evolve.models.calllog.REBUILT`
+  row, a lost log's spend summed into one, counts as spent, not as a call). Until the log
+  holds a call that reached a model, a process admits one call at a time (nothing says yet
+  what a call costs). A cache hit costs nothing and is never refused. Calls in flight in
+  other processes are counted once their rows land in the log.
 - A refusal raises :class:`SpendCapReached` before anything is sent; its text starts with
   :data:`SPEND_CAP`, so a failure that crossed a process boundary as text is still known for
   one (:func:`is_spend_cap`).
@@ -98,7 +99,7 @@ class _Ledger:
         for row in calllog.read_rows_after(self.log_path, self.last_id):
             self.last_id = max(self.last_id, int(row["id"]))
             self.spent.add(row)
-            if not row["cached"]:
+            if not row["cached"] and row["role"] != calllog.REBUILT:  # a rebuilt sum: no call
                 self.logged = True
                 tokens = int(row["prompt_tokens"] or 0) + int(row["completion_tokens"] or 0)
                 self.dearest_tokens = max(self.dearest_tokens, tokens)
