@@ -46,5 +46,10 @@ def test_context_equals_the_evaluators_retrieved_text(data_dir: Path, tmp_path: 
         for q in questions:
             got = memory.context(q.question, user="beam-1", date=q.question_date)
             assert got == retrieved[q.id], q.id
+        if mode == "scripted":  # the program's answer instruction, through the task model
+            q = questions[0]
+            assert memory.answer(q.question, user="beam-1", date=q.question_date) == (
+                "This is a scripted answer."
+            )
     assert len(questions) >= 10 and any(len(t) > 1000 for t in retrieved.values())
     assert any("offline stand-ins" in n for n in notices) == (mode == "offline")

@@ -202,7 +202,7 @@ class AgentMemory:
 
     def history(self, user: str) -> list[Segment]:
         """The sessions in ``user``'s log, in order (what the memory is built from)."""
-        return list(self._serve(user, lambda: self.store.open_log(user).sessions))
+        return list(self._serve(user, lambda: self._scopes.history(user)))
 
     @property
     def previous_program(self) -> Path | None:

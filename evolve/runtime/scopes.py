@@ -106,6 +106,15 @@ class Scopes:
             finally:
                 self._evict_beyond(keep=user)
 
+    def history(self, user: str) -> list[Segment]:
+        """The sessions of the user's log, read under the scope's lock (never beside an
+        append, whose record an open would take for a torn tail)."""
+        scope = self.scope(user)
+        with scope.lock:
+            if scope.log is None:
+                scope.log = self.store.open_log(user)
+            return list(scope.log.sessions)
+
     def add(self, user: str, segment: Segment) -> tuple[int, bool]:
         """Log ``segment`` durably, then index it; ``(its log position, whether it is new)``."""
 
