@@ -189,6 +189,8 @@ def test_resume_says_what_it_could_not_recover(
 ) -> None:
     damaged = candidate_file(runs, 1)
     damaged.write_bytes(damaged.read_bytes()[:100])
+    source = candidate_file(runs, 1, ".py")  # its source lost too: nothing to rebuild it from
+    source.write_text(source.read_text() + "\nX = 1\n")
     kept = {p: p.read_bytes() for p in (candidate_file(runs, 0), candidate_file(runs, 2))}
     code, out, err = cli(capsys, "run", "--resume", RUN, "--runs-dir", str(runs),
                          "--no-progress")  # fmt: skip
@@ -200,6 +202,31 @@ def test_resume_says_what_it_could_not_recover(
     [event] = RunStore.open(runs, RUN).events("resume_damage")
     [lost] = event["data"]["files"]
     assert lost.startswith(f"candidate file {damaged} is damaged")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited"])
+def test_a_damaged_record_with_an_intact_source_is_scored_again(
+    runs: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The best candidate's record damaged (truncated, or edited into other valid JSON, which
+    its checksum catches), its ``.py`` intact: a resume rebuilds it and scores it again,
+    instead of dropping it (it was skipped as lost before)."""
+    best = RunStore.open(runs, RUN).load_state()["best"]
+    path = candidate_file(runs, int(best[1:5]))
+    before = json.loads(path.read_text())
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        path.write_text(json.dumps({**before, "seconds": before["seconds"] + 1.0}))
+    code, out, err = cli(capsys, "run", "--resume", RUN, "--runs-dir", str(runs),
+                         "--no-progress")  # fmt: skip
+    assert code == 0, err
+    [line] = warnings_in(err)
+    assert str(path) in line and "rebuilt from its intact source" in line
+    assert not [line for line in err.splitlines() if line.startswith("resume:")]
+    meta = RunStore.open(runs, RUN).get(best)
+    assert meta.status == "evaluated" and meta.recovered
+    assert meta.scores["valid"]["overall"] == before["scores"]["valid"]["overall"]
 
 
 # --- evaluation folders -------------------------------------------------------------------

@@ -4,6 +4,9 @@ candidate's ``.json`` and ``.py`` are read or judged damaged (:class:`DamagedFil
 Invariants (the run store's, :mod:`evolve.evolution.store`, relies on them):
 - A ``.json`` is a candidate only if it validates as :class:`CandidateMeta` and names itself:
   its file stem, its ``id`` and ``c<number>-<sha256[:8]>`` agree (:func:`parse_meta`).
+- A ``.json`` written by the store carries a checksum of its fields (:func:`sealed`); one
+  whose fields do not match it (an edit, even to valid JSON) is damaged. A record without one
+  (a run from before checksums) is read as it is.
 - A ``.py`` is a candidate's source only if its sha256 is the one its record holds
   (:func:`source_problem`). Every problem is one line naming the file.
 """
@@ -11,6 +14,7 @@ Invariants (the run store's, :mod:`evolve.evolution.store`, relies on them):
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,9 @@ class CandidateMeta(BaseModel):
     cascade: dict[str, Any] | None = None  # its minibatch screen (evolve.evolution.cascade)
     # the guard tests it met when it won valid (evolve.evolution.archive.GuardCheck.as_json)
     guards: list[dict[str, Any]] = []
+    # rebuilt from its intact source after its record was damaged: scored again on resume
+    recovered: bool = False
+    checksum: str = ""  # sha256 of every other field (meta_checksum); "" in older runs
 
     @field_validator("stage", "status", "capability")
     @classmethod
@@ -67,11 +74,26 @@ class CandidateMeta(BaseModel):
         return " ".join(value.split())
 
 
+def meta_checksum(meta: CandidateMeta) -> str:
+    """The sha256 of a record's fields but ``checksum``, as canonical JSON."""
+    fields = meta.model_dump(mode="json", exclude={"checksum"})
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def sealed(meta: CandidateMeta) -> CandidateMeta:
+    """``meta`` with its checksum set (what the store writes)."""
+    return meta.model_copy(update={"checksum": meta_checksum(meta)})
+
+
 def parse_meta(path: Path, data: bytes) -> CandidateMeta:
     try:
         meta = CandidateMeta.model_validate_json(data)
     except ValueError as exc:  # pydantic's ValidationError included
         raise DamagedFile(f"candidate file {path} is damaged ({why(exc)})") from None
+    if meta.checksum and meta.checksum != meta_checksum(meta):
+        raise DamagedFile(f"candidate file {path} is damaged (edited: its fields do not match "
+                          "its checksum)")  # fmt: skip
     expected = f"c{meta.number:04d}-{meta.source_sha256[:8]}"
     if not path.stem == meta.id == expected:
         raise DamagedFile(f"candidate file {path} is damaged (it describes {meta.id!r})")

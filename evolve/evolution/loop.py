@@ -53,7 +53,8 @@ all its children were evaluated — is replayed to the same children: each repla
 leaves out the round's own children (found by their ``proposed`` events) and sees the same
 earlier siblings. A child already judged (``evaluated``, ``stopped``, ``rejected``,
 ``failed``) is never evaluated again, and a promoted child (its screen recorded) is not
-screened again. Each evaluation logs ``evaluating`` (with its ``phase``) when it starts and
+screened again. A candidate whose record the store rebuilt from its intact source
+(``recovered``, status ``proposed``) is scored again right after the seed. Each evaluation logs ``evaluating`` (with its ``phase``) when it starts and
 ``screened`` or ``evaluated`` when it is filed, so a run's event log shows what was evaluated
 how often.
 """
@@ -257,6 +258,8 @@ class Evolution:
             raise EvalError(f"the seed could not be evaluated: {exc}") from None
         if self.store.get(seed.id).status != "evaluated":
             raise EvalError(f"the seed program failed: {self.store.get(seed.id).message}")
+        recovered = [c for c in self.store.candidates() if c.recovered and c.status == "proposed"]
+        self.evaluator.judge_all([(c, None) for c in recovered], None)  # damaged records: rescored
         state = self.store.load_state(self.config.children)
         rounds = dict(state.get("rounds", {}))
         costs: list[dict[str, float]] = list(state.get("round_costs", []))

@@ -30,9 +30,12 @@ Invariants:
   started, said once.
 - Damaged files never take a run down: each is reported, never fatal. A candidate is read only
   if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
-  (the rules of :mod:`evolve.evolution.candidate`); otherwise :meth:`RunStore.candidates` skips
-  it, reporting the file in one line (:func:`evolve.models.damaged`), and :meth:`RunStore.get` /
-  :meth:`RunStore.source` raise :class:`DamagedFile` naming it. Adding the source of a candidate
+  (the rules of :mod:`evolve.evolution.candidate`: a record's fields match its checksum);
+  a damaged record whose ``.py`` is intact is rebuilt by the process holding the run's lock,
+  as a ``proposed`` candidate marked ``recovered`` that the loop scores again; otherwise
+  :meth:`RunStore.candidates` skips it, reporting the file in one line
+  (:func:`evolve.models.damaged`), and :meth:`RunStore.get` / :meth:`RunStore.source` raise
+  :class:`DamagedFile` naming it. Adding the source of a candidate
   whose ``.py`` was lost restores the file. A damaged ``state.json`` is reported and its round
   counters are rebuilt from the event log (:meth:`RunStore.finished_rounds`), said in one line;
   a ``state.json`` whose fields have the wrong types is damaged too. A damaged manifest keeps
@@ -71,6 +74,7 @@ from evolve.evolution.candidate import (
     CandidateMeta,
     DamagedFile,
     read_meta,
+    sealed,
     source_problem,
 )
 from evolve.files import write_atomic
@@ -465,7 +469,7 @@ class RunStore:
             number += 1
 
     def _write_meta(self, meta: CandidateMeta) -> None:
-        text = meta.model_dump_json(indent=2)
+        text = sealed(meta).model_dump_json(indent=2)
         write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
 
     def _scan(self) -> tuple[list[CandidateMeta], list[str]]:
@@ -476,7 +480,11 @@ class RunStore:
             try:
                 meta = read_meta(path)
             except DamagedFile as exc:
-                problems.append(str(exc))
+                recovered = self._recover(path, str(exc))
+                if recovered is None:
+                    problems.append(str(exc))
+                else:
+                    kept.append(recovered)
                 continue
             problem = source_problem(self._candidates / f"{meta.id}.py", meta)
             if problem:
@@ -484,6 +492,40 @@ class RunStore:
             else:
                 kept.append(meta)
         return kept, problems
+
+    def _recover(self, path: Path, problem: str) -> CandidateMeta | None:
+        """A candidate whose record is damaged but whose ``.py`` is intact (its sha256 starts
+        with the id's 8 hex), rebuilt as ``proposed`` and ``recovered`` — so the loop scores it
+        again — with the stage its ``proposed`` event names; only by the process that holds the
+        run's lock (readers write nothing). None when it cannot be rebuilt."""
+        match = _META_FILE.fullmatch(path.name)
+        source = path.with_suffix(".py")
+        if self._lock_fd is None or match is None:
+            return None
+        try:
+            data = source.read_bytes()
+        except OSError:
+            return None
+        sha = hashlib.sha256(data).hexdigest()
+        if not path.stem.endswith(f"-{sha[:8]}"):
+            return None
+        stage = "seed" if int(match[1]) == 0 else "cold_start"
+        for event in self.events("proposed"):
+            if event["data"].get("candidate") == path.stem and event["data"].get("stage"):
+                stage = str(event["data"]["stage"])
+                break
+        try:
+            meta = CandidateMeta.model_validate(
+                dict(id=path.stem, number=int(match[1]), parents=[], stage=stage,
+                     capability=None, message=f"recovered from {source.name}",
+                     source_sha256=sha, status="proposed", sandbox=None, scores={}, usage={},
+                     seconds=0.0, created=source.stat().st_mtime, recovered=True)
+            )  # fmt: skip
+        except ValueError:
+            return None
+        self._write_meta(meta)
+        damaged(f"{problem}: rebuilt from its intact source {source.name}, to be scored again")
+        return meta
 
     def _read_state(self) -> tuple[dict[str, Any], str | None]:
         """``state.json`` (``{}`` when absent) and None, or ``{}`` and why it does not load."""
