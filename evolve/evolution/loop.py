@@ -54,7 +54,8 @@ leaves out the round's own children (found by their ``proposed`` events) and see
 earlier siblings. A child already judged (``evaluated``, ``stopped``, ``rejected``,
 ``failed``) is never evaluated again, and a promoted child (its screen recorded) is not
 screened again. A candidate whose record the store rebuilt from its intact source
-(``recovered``, status ``proposed``) is scored again right after the seed. Each evaluation logs ``evaluating`` (with its ``phase``) when it starts and
+(``recovered``, status ``proposed``) is scored again right after the seed. Each evaluation
+logs ``evaluating`` (with its ``phase``) when it starts and
 ``screened`` or ``evaluated`` when it is filed, so a run's event log shows what was evaluated
 how often.
 """
