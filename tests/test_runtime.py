@@ -229,3 +229,36 @@ def test_a_program_that_fails_the_sandbox_is_refused(tmp_path: Path):
     with pytest.raises(evolve.AgentMemoryError, match="does not pass the sandbox"):
         opened(tmp_path, bad)
     assert not (tmp_path / "store").exists()
+
+
+FRAGILE = ALL.replace(
+    "    def index(self, units, segment):\n",
+    "    def index(self, units, segment):\n"
+    "        if any('boom' in u.content for u in units):\n"
+    "            raise ValueError('cannot take this session')\n",
+).replace(
+    "        self.units: list[MemoryUnit] = []\n",
+    "        self.units: list[MemoryUnit] = []\n        self.key = lambda u: u.content\n",
+)
+
+
+def test_a_failed_add_adds_nothing_and_an_unstorable_memory_is_rebuilt(tmp_path: Path):
+    """The program raises on one session: add raises one line, the session is not in the log
+    and the memory goes on without it. Its memory holds a lambda, so it cannot be snapshotted:
+    said once, and the reopened store rebuilds it from the log."""
+    assert FRAGILE.count("boom") == 1 and "lambda" in FRAGILE
+    prog = program(tmp_path, "fragile.py", FRAGILE)
+    notices: list[str] = []
+    with opened(tmp_path, prog, notices, snapshot_every=1) as memory:
+        memory.add([{"content": "one"}], user="ana", session_id="a")
+        with pytest.raises(evolve.AgentMemoryError, match="the program failed") as info:
+            memory.add([{"content": "boom"}], user="ana", session_id="b")
+        assert "\n" not in str(info.value) and "cannot take this session" in str(info.value)
+        assert [s.session_id for s in memory.history("ana")] == ["a"]
+        assert memory.add([{"content": "two"}], user="ana", session_id="b")  # the id is free
+        assert memory.context("q", user="ana") == "user: one user: two"
+    unstored = [n for n in notices if "cannot be snapshotted" in n]
+    assert len(unstored) == 1, notices
+    assert not list((tmp_path / "store").glob("scopes/*/*.state"))
+    with opened(tmp_path, prog) as memory:
+        assert memory.context("q", user="ana") == "user: one user: two"

@@ -135,3 +135,15 @@ def test_one_process_per_store(tmp_path: Path):
         Store(tmp_path, deployment(), "x = 1\n")
     store.close()
     Store(tmp_path, deployment(), "x = 1\n").close()
+
+
+def test_drop_last_takes_back_the_last_append(tmp_path: Path):
+    path = tmp_path / "log"
+    log, _ = SessionLog.open(path)
+    log.append(seg(0))
+    size = path.stat().st_size
+    log.append(seg(1))
+    log.drop_last()
+    assert path.stat().st_size == size and log.sessions == [seg(0)] and log.position("s1") is None
+    assert log.append(seg(1)) == (1, True)
+    assert SessionLog.open(path)[0].sessions == [seg(0), seg(1)]

@@ -31,7 +31,8 @@ Invariants:
 - **Retries do not double.** A session id names a session: ``add`` with an id the user's log
   holds writes and indexes nothing and returns False (pass ids to make retries idempotent;
   without one, a fresh id is made).
-- Bad arguments raise :class:`AgentMemoryError` with one line.
+- Bad arguments, a damaged store and a failing program raise :class:`AgentMemoryError` with
+  one line; an ``add`` that raised added nothing (:mod:`.scopes`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from evolve.runtime.store import Deployment, Store, StoreError
 from evolve.session import evaluator_version
 from evolve.worker import WorkerConfig, make_embedder, make_llm
 from sandbox.check import check_program
+from sandbox.isolate import HostFailure, ProgramFailure
 
 MAX_LIVE = 8  # confined hosts kept started (one per user)
 SNAPSHOT_EVERY = 64  # sessions added to a memory between two snapshots of it
@@ -236,6 +238,8 @@ class AgentMemory:
             return fn()
         except (StoreError, LogError) as exc:
             raise AgentMemoryError(str(exc)) from None
+        except (HostFailure, ProgramFailure) as exc:  # the program's, one line
+            raise AgentMemoryError(f"the program failed: {exc}".replace("\n", " ")) from None
 
 
 def _text(value: Any, what: str) -> str:

@@ -20,6 +20,10 @@ Invariants:
 - **No session twice.** A session id is in the log at most once: :meth:`append` of an id the
   log holds returns its position and writes nothing, so a caller that retries an ``add`` whose
   acknowledgement it lost does not double it.
+- **A session the memory could not take is taken back.** :meth:`SessionLog.drop_last`
+  truncates the log to before its last record (fsync'd), so an ``add`` that failed after its
+  session was logged leaves the log as it was (a crash in between leaves the session logged,
+  never half of it).
 - One writer per log: callers serialise appends (the runtime holds the scope's lock); the
   file is opened with ``O_APPEND``.
 """
@@ -86,9 +90,10 @@ def _fsync_dir(path: Path) -> None:
 class SessionLog:
     """One scope's session log; open it with :meth:`open`."""
 
-    def __init__(self, path: Path, sessions: list[Segment]) -> None:
+    def __init__(self, path: Path, sessions: list[Segment], size: int) -> None:
         self.path = path
         self.sessions = sessions
+        self._sizes = [size]  # the file's size after each append of this object (last: now)
         self._ids = {s.session_id: i for i, s in enumerate(sessions)}
 
     @classmethod
@@ -117,7 +122,7 @@ class SessionLog:
                 fh.truncate(end)
                 fh.flush()
                 os.fsync(fh.fileno())
-        return cls(path, sessions), Opened(list(sessions), dropped)
+        return cls(path, sessions, end), Opened(list(sessions), dropped)
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -143,7 +148,20 @@ class SessionLog:
             os.close(fd)
         self.sessions.append(segment)
         self._ids[segment.session_id] = len(self.sessions) - 1
+        self._sizes.append(self._sizes[-1] + len(record))
         return len(self.sessions) - 1, True
+
+    def drop_last(self) -> None:
+        """Take back the session this object appended last (truncate and fsync)."""
+        if len(self._sizes) < 2:
+            raise LogError(f"{self.path}: no session appended here to take back")
+        self._sizes.pop()
+        with open(self.path, "r+b") as fh:
+            fh.truncate(self._sizes[-1])
+            fh.flush()
+            os.fsync(fh.fileno())
+        dropped = self.sessions.pop()
+        del self._ids[dropped.session_id]
 
 
 def _read(data: bytes, path: Path) -> tuple[list[Segment], int]:

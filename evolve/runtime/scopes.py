@@ -13,9 +13,11 @@ Invariants:
 - **Writes serialised per scope, scopes concurrent.** Every operation on a scope (add, context,
   answer, snapshot, eviction) holds that scope's lock; a host serves one request at a time, so
   two reads of one scope also take turns. Operations on different scopes run side by side.
-- **Acknowledged = logged before indexed.** :meth:`Scopes.add` appends the session to the
-  scope's log (fsync'd) before the host indexes it; a memory that fails to index it is closed,
-  and the scope's next use rebuilds it from the log (so it is not half-indexed, nor added twice).
+- **Acknowledged = logged, then indexed.** :meth:`Scopes.add` appends the session to the
+  scope's log (fsync'd) before the host indexes it, and returns after both. When indexing fails
+  the session is taken back out of the log and the memory is closed: the scope's next use
+  rebuilds it from the log, so a failed ``add`` leaves nothing behind (a crash between the
+  append and the return leaves the whole session logged, never half of it).
 - **Bounded.** At most ``max_live`` hosts stay started: using another scope evicts the least
   recently used idle one — its memory is dumped to a snapshot (when the program's state can be
   stored) and its host closed. A scope busy in another thread is never evicted; the pool can
@@ -119,8 +121,13 @@ class Scopes:
         """Log ``segment`` durably, then index it; ``(its log position, whether it is new)``."""
 
         def step(live: Live, log: SessionLog) -> tuple[int, bool]:
-            position, new = log.append(segment)  # acknowledged from here on
-            self._catch_up(live, log)
+            position, new = log.append(segment)
+            try:
+                self._catch_up(live, log)
+            except BaseException:
+                if new:  # not acknowledged: the log is left as it was (the memory is dropped)
+                    log.drop_last()
+                raise
             since = live.held - live.snapshotted
             if since >= self.snapshot_every and since >= live.snapshotted * SNAPSHOT_GROWTH:
                 self._snapshot(user, live)
