@@ -4,6 +4,8 @@ is refused, a session id is logged once, snapshots are whole and filed by build 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,15 @@ def test_drop_last_takes_back_the_last_append(tmp_path: Path):
     assert path.stat().st_size == size and log.sessions == [seg(0)] and log.position("s1") is None
     assert log.append(seg(1)) == (1, True)
     assert SessionLog.open(path)[0].sessions == [seg(0), seg(1)]
+
+
+def test_the_public_api_loads_on_first_use_only():
+    """``import evolve.config`` (what the reading commands import) loads no runtime, pipeline
+    or host code; ``evolve.open_memory`` loads it."""
+    code = (
+        "import sys, evolve.config; "
+        "assert not {'evolve.runtime.api', 'evolve.pipeline'} & set(sys.modules); "
+        "import evolve; evolve.open_memory; assert 'evolve.runtime.api' in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
