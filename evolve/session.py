@@ -6,12 +6,14 @@ it holds the embedder, the task LLM and the stage store. Evaluation is the
 embedder: the same one a deployment runs) plus the stage store plus scoring (done by the
 parent). For each stage a :class:`ConversationSession` either loads the cached output (keys
 from :mod:`evolve.stagecache`) or has the pipeline compute it and stores it
-(:meth:`ConversationSession._cached_json`, the one cached-stage helper). Outputs are computed
-lazily: when every retrieval and answer of a conversation is cached, no host is even started,
+(:meth:`ConversationSession._cached_json`, the one cached-stage helper). The history is
+ingested in a step of its own before the questions (:meth:`ConversationSession.ingest`), and
+only when needed: when every retrieval of a conversation is cached, no host is even started,
 and when the memory state is cached, its units are never extracted. The memory is built with
 the host's incremental operations: ``open``, then per session its units (extracted or reused)
 and one ``add``, then ``dump``; the adds share one deadline, INDEX_SECONDS plus
-INDEX_SECONDS_PER_UNIT per unit.
+INDEX_SECONDS_PER_UNIT per unit. A question whose stored retrieval proves bad, or a
+diagnostic probe, builds the memory then if ingestion did not.
 
 Invariants:
 - A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
@@ -42,10 +44,11 @@ Invariants:
   units are not stored at once (then units are made and indexed session by session, in order),
   and the questions' chains. Results, traces, counters and the stage store equal a sequential
   run's: maps keep item order and raise the first failure in item order; every call into the
-  host is made under one lock, and each question's host section (query, retrieval, building the
-  memory, diagnostics) in its turn, in question order, so the host sees a sequential run's
-  calls in a sequential run's order (only the planning call before the section and the answer
-  call after it overlap); a question sharing its plan key with an earlier one starts after it.
+  host is made under one lock (the pipeline's), ingestion takes the first turn and each
+  question's host section (query, retrieval, diagnostics) the next ones, in question order, so
+  the host sees a sequential run's calls in a sequential run's order (only the planning calls
+  before the sections and the answer calls after them overlap); a question sharing its plan
+  key with an earlier one starts after it.
   Diagnostics are computed for every question whose retrieval succeeded.
 - ``ConversationResult.time`` is the conversation's wall time split by
   :class:`~evolve.fanout.WallClock` (model wait, sandbox, local); ``seconds`` are per-stage
@@ -258,6 +261,21 @@ class ConversationSession:
             self.count("index", "failed")
             raise
 
+    def ingest(self, questions: list[Question]) -> None:
+        """The history ingested in a step of its own, before any question's retrieval: the
+        memory restored from the store or built (:meth:`ensure_memory`), unless every
+        question's retrieval is stored (then nothing is extracted or indexed and no host
+        starts). A failure is not raised here: :meth:`ensure_memory` keeps it, and each
+        question that needs the memory fails with it."""
+        keys = [self.keys.retrieve(self.index_key, self.keys.plan(q.question, q.question_date))
+                for q in questions]  # fmt: skip
+        if all(self.store.has("retrieve", key) for key in keys):
+            return
+        try:
+            self.ensure_memory()
+        except Exception:  # kept by ensure_memory; the questions that need it report it
+            return
+
     def count_untouched(self) -> None:
         """Extraction and indexing never ran because every retrieval was cached: count what the
         store holds for them as reused, so counters say what an evaluation depended on."""
@@ -388,8 +406,10 @@ def run_conversation(
     each extracted session, ``indexing`` and ``indexed`` around indexing, ``restored`` when the
     memory came from the stage store, ``question`` after each question
     (:data:`evolve.executor.EVENTS`).
-    Questions run on up to ``config.llm_concurrency`` threads, each host section in its turn
-    (question order); a question that shares its plan key with an earlier one starts after
+    The history is ingested first, in its own step (:meth:`ConversationSession.ingest`), then
+    the questions are asked. Both run on up to ``config.llm_concurrency`` threads, each host
+    section in its turn (ingestion first, then question order), so questions' planning calls
+    overlap ingestion; a question that shares its plan key with an earlier one starts after
     that one has finished, so it finds the stage outputs a sequential run finds.
     """
     run = ConversationSession(source, path, config, conv)
@@ -401,22 +421,28 @@ def run_conversation(
     plan_keys = [run.keys.plan(q.question, q.question_date) for q in questions]
     first = {key: k for k, key in reversed(list(enumerate(plan_keys)))}
 
-    def one(k: int) -> QuestionTrace:
+    def one(k: int) -> QuestionTrace | None:
+        """Turn 0 ingests the history (k = -1); question k asks in turn k + 1."""
+        if k < 0:
+            with turns.turn(0):
+                run.ingest(questions)
+            return None
         try:
             earlier = first[plan_keys[k]]
             if earlier < k:
                 finished[earlier].wait()
-            trace = run.question(questions[k], turns.turn(k))
+            trace = run.question(questions[k], turns.turn(k + 1))
             run.notify("question")
             return trace
         finally:  # also when the question failed before its host section
-            turns.pass_turn(k)
+            turns.pass_turn(k + 1)
             finished[k].set()
 
     try:
-        traces = ordered_map(one, range(len(questions)), config.llm_concurrency)
+        done = ordered_map(one, range(-1, len(questions)), config.llm_concurrency)
     finally:
         run.close()
+    traces = [t for t in done if t is not None]
     run.count_untouched()
     usage = [asdict(r) for r in run.llm.drain_records()] if run.llm else []
     embedding = asdict(run.embedder.stats)

@@ -10,6 +10,7 @@ model server, one conversation with ``jobs=1`` keeps several requests in flight.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import threading
@@ -26,15 +27,26 @@ from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
+from evolve.stagecache import unframe
 from evolve.worker import WorkerConfig
+from sandbox.check import CheckedProgram
+from sandbox.fingerprint import fingerprints
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
-# dense, with a retrieval that numbers its calls: the text depends on the order of host calls
+# dense, with a retrieval that numbers its calls: the text depends on the order of host calls.
+# Its retrieve changes the memory, which the sandbox's checks refuse; it is handed to the
+# evaluator as checked (a program that slipped past them), since the order must hold anyway.
 COUNTING = (SEEDS / "dense.py").read_text().replace(
     "    def retrieve(self, query):\n",
     "    asked = 0\n\n    def retrieve(self, query):\n        self.asked += 1\n",
 ).replace("        return pack(chosen, OUT_CHAR_BUDGET)\n",
           '        return f"call {self.asked}\\n" + pack(chosen, OUT_CHAR_BUDGET)\n')  # fmt: skip
+
+
+def unchecked(source: str, path: Path) -> CheckedProgram:
+    """``source`` as if it had passed the sandbox's checks."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    return CheckedProgram(source, str(path), digest, fingerprints(source))
 
 
 def jittery_task(role: str, stage: str, messages: list[Message]) -> str:
@@ -59,7 +71,9 @@ def tasks(data_dir: Path) -> TaskSet:
     return dataclasses.replace(small, questions=tuple(keep))
 
 
-def _evaluate(program: Path, tasks: TaskSet, cache: Path, concurrency: int) -> dict[str, Any]:
+def _evaluate(
+    program: CheckedProgram, tasks: TaskSet, cache: Path, concurrency: int
+) -> dict[str, Any]:
     config = WorkerConfig(cache_dir=str(cache), task_model=ModelConfig(model="scripted"),
                           embedder="hashing", script=jittery_task, diagnose=True,
                           llm_concurrency=concurrency)  # fmt: skip
@@ -74,24 +88,26 @@ def _evaluate(program: Path, tasks: TaskSet, cache: Path, concurrency: int) -> d
 
 
 def _store(root: Path) -> dict[str, Any]:
-    """Every stage output on disk (retrieval records without their wall-clock time)."""
+    """Every stage output on disk, checked and without its checksum line (retrieval records
+    without their wall-clock time)."""
     out: dict[str, Any] = {}
     for path in sorted(root.rglob("*")):
         if not path.is_file():
             continue
+        payload = unframe(path.read_bytes())
+        assert payload is not None, path
         if path.suffix == ".json":
-            value = json.loads(path.read_text())
+            value = json.loads(payload)
             if isinstance(value, dict):
                 value.pop("retrieve_ms", None)
             out[str(path.relative_to(root))] = value
         else:
-            out[str(path.relative_to(root))] = path.read_bytes()
+            out[str(path.relative_to(root))] = payload
     return out
 
 
 def test_concurrency_16_equals_sequential(tasks: TaskSet, tmp_path: Path) -> None:
-    program = tmp_path / "counting.py"
-    program.write_text(COUNTING)
+    program = unchecked(COUNTING, tmp_path / "counting.py")
     one = _evaluate(program, tasks, tmp_path / "c1", 1)
     many = _evaluate(program, tasks, tmp_path / "c16", 16)
     assert one["traces"][0]["retrieved"].startswith("call 1\n")  # the adversary is in place

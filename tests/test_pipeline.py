@@ -1,7 +1,7 @@
 """The pipeline (evolve.pipeline) is what evaluation runs: driven directly, session by session, it
 retrieves what evaluation retrieved, byte for byte (offline and with the scripted task model);
-a memory state larger than one wire chunk crosses whole; and a memory that failed to build is
-not built again by every later question of the conversation.
+a memory state larger than one wire chunk crosses whole; the history is ingested before the
+questions; and a memory that failed to build is not built again by every later question.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.models.testing import HashingEmbedder, task_script
 from evolve.pipeline import Pipeline
+from evolve.session import run_conversation
 from evolve.worker import WorkerConfig, make_llm
 from sandbox.wire import STATE_CHUNK_BYTES
 
@@ -143,7 +145,7 @@ ASKING = (
     .replace(
         "        self.units.extend(units)\n",
         "        self.units.extend(units)\n"
-        "        self.replies = getattr(self, 'replies', []) + [self.backend.complete('Summarise.')]\n",
+        "        self.replies = getattr(self, 'replies', []) + [self.backend.complete('Hi.')]\n",
     )
     .replace(
         "        return text[:OUT_CHAR_BUDGET]\n",
@@ -170,3 +172,26 @@ def test_the_completion_budget_is_per_add(conversation: TaskSet, tmp_path: Path)
         assert got.text.startswith("|".join(["This is a scripted answer."] * len(sessions)))
     finally:
         pipeline.close()
+
+
+def test_the_history_is_ingested_before_the_first_question(
+    conversation: TaskSet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluation ingests the history in a step of its own (open, then per session its units and
+    one add, then dump; a small state in one chunk) before any question reaches the host."""
+    ops: list[str] = []
+    original = Pipeline.call
+
+    def call(self: Pipeline, op: str, *args: Any, **kwargs: Any) -> Any:
+        ops.append(op)
+        return original(self, op, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "call", call)
+    conv, questions = conversation.conversations[0], list(conversation.questions[:3])
+    program = SEEDS / "dense.py"
+    config = WorkerConfig(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
+                          llm_concurrency=4)  # fmt: skip
+    result = run_conversation(program.read_text(), str(program), conv, questions, config)
+    assert [t.error for t in result.traces] == [None] * len(questions)
+    ingest = ["open", *["units", "add"] * len(conv.sessions), "dump", "state_chunk"]
+    assert ops == [*ingest, *["query", "retrieve"] * len(questions)]
