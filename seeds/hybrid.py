@@ -1,9 +1,11 @@
 """Hybrid seed: dense + lexical (BM25) fusion with tunable retrieval choices.
 
 Indexing splits each unit into chunks of about CHUNK_CHARS characters (consecutive chunks
-sharing CHUNK_OVERLAP characters) and embeds every chunk once; the BM25 index over the same
-chunks is built by each retrieval, which leaves the memory unchanged (a BM25 index cannot
-grow: rebuilt by every index call it would cost time quadratic in the sessions). Retrieval
+sharing CHUNK_OVERLAP characters), embeds every chunk once and adds its stemmed terms to
+postings (term -> the chunks holding it and how often), which only grow; retrieval reads them
+to score BM25 (Lucene's variant, k1 1.5, b 0.75, the figures of a bm25s index built over the
+same chunks) without changing the memory, in time proportional to the query terms' postings.
+Retrieval
 optionally expands the query with its RARE_TERMS rarest words (fewest chunks hold them),
 scores each chunk by DENSE_WEIGHT * cosine + LEXICAL_WEIGHT * BM25 (scaled to 0-1 by the
 query's best chunk), gives each unit its best chunk's score times its role weight plus a
@@ -31,6 +33,7 @@ expansion, no prior, no relative floor, no length penalty, no cap, no overlap, w
 relevance).
 """
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -97,6 +100,13 @@ class Query:
 _stemmer = Stemmer.Stemmer("english")
 
 
+def _terms(texts):
+    """Each text's stemmed terms, English stop words left out (bm25s's tokenizer)."""
+    return bm25s.tokenize(
+        texts, stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False
+    )
+
+
 class Memory:
     def __init__(self, backend):
         self.backend = backend
@@ -106,6 +116,9 @@ class Memory:
         self.chunk_spans: list[tuple[int, int]] = []  # character span of each chunk in its unit
         self.chunk_texts: list[str] = []
         self.vectors = np.zeros((0, backend.dim), dtype=np.float32)  # rows of chunk_texts, spare
+        self.postings: dict[str, tuple[list[int], list[int]]] = {}  # term -> chunks, counts
+        self.chunk_terms: list[int] = []  # number of terms per chunk (BM25's document length)
+        self.term_total = 0  # their sum
 
     def index(self, units, segment):
         texts = []
@@ -119,25 +132,32 @@ class Memory:
         if texts:
             vectors = self.backend.embed(texts)
             self.vectors = append_rows(self.vectors, len(self.chunk_texts), vectors)
+            self._post(texts)
             self.chunk_texts.extend(texts)
         return None
+
+    def _post(self, texts):
+        """Add the new chunks' stemmed terms to the postings, chunk after chunk."""
+        first = len(self.chunk_texts)
+        for offset, terms in enumerate(_terms(texts)):
+            counts = {}
+            for term in terms:
+                counts[term] = counts.get(term, 0) + 1
+            for term, count in counts.items():
+                chunks, tfs = self.postings.setdefault(term, ([], []))
+                chunks.append(first + offset)
+                tfs.append(count)
+            self.chunk_terms.append(len(terms))
+            self.term_total += len(terms)
 
     def retrieve(self, query):
         if not self.units:
             return ""
-        lexical, df = self._lexical() if LEXICAL_WEIGHT > 0 or RARE_TERMS > 0 else (None, {})
-        text = self._expand(query.text, df) if RARE_TERMS > 0 else query.text
+        text = self._expand(query.text) if RARE_TERMS > 0 else query.text
         qvec = self.backend.embed([text])[0]
         chunk_scores = DENSE_WEIGHT * (self.vectors[: len(self.chunk_texts)] @ qvec)
-        if LEXICAL_WEIGHT > 0 and lexical is not None:
-            tokens = bm25s.tokenize(
-                [text],
-                stopwords="en",
-                stemmer=_stemmer,
-                return_ids=False,
-                show_progress=False,
-            )[0]
-            lex = lexical.get_scores(tokens) if tokens else np.zeros(len(self.chunk_texts))
+        if LEXICAL_WEIGHT > 0:
+            lex = self._bm25(_terms([text])[0])
             top = float(lex.max()) if len(lex) else 0.0
             if top > 0:
                 chunk_scores = chunk_scores + LEXICAL_WEIGHT * (lex / top)
@@ -184,26 +204,34 @@ class Memory:
         key = unit_scores[hits] - LENGTH_PENALTY * np.log(chars)
         return [hits[j] for j in np.argsort(-key, kind="stable")]
 
-    def _lexical(self):
-        """BM25 over the chunks, and each stemmed term's number of chunks holding it."""
-        tokens = bm25s.tokenize(
-            self.chunk_texts, stopwords="en", stemmer=_stemmer, show_progress=False
-        )
-        lexical = bm25s.BM25()
-        lexical.index(tokens, show_progress=False)
-        held = {}
-        for ids in tokens.ids:
-            for token_id in set(ids):
-                held[token_id] = held.get(token_id, 0) + 1
-        return lexical, {term: held.get(i, 0) for term, i in tokens.vocab.items()}
+    def _bm25(self, terms):
+        """Each chunk's BM25 score for the query's terms (a term named twice counts twice; one
+        no chunk holds adds nothing), float32 as bm25s computes it."""
+        n = len(self.chunk_texts)
+        scores = np.zeros(n, dtype=np.float32)
+        if not terms or not self.postings:
+            return scores
+        average = self.term_total / n
+        for term in terms:
+            posting = self.postings.get(term)
+            if posting is None:
+                continue
+            chunks = np.asarray(posting[0], dtype=np.int64)
+            tf = np.asarray(posting[1], dtype=np.float64)
+            held = len(posting[0])
+            idf = float(np.float32(math.log(1 + (n - held + 0.5) / (held + 0.5))))
+            lengths = np.asarray([self.chunk_terms[i] for i in posting[0]], dtype=np.float64)
+            norm = 1.5 * ((1 - 0.75) + 0.75 * lengths / average)
+            np.add.at(scores, chunks, (idf * (tf / (norm + tf))).astype(np.float32))
+        return scores
 
-    def _expand(self, text, df):
+    def _expand(self, text):
         """The query with its RARE_TERMS rarest indexed words appended (fewest chunks first)."""
         rare = {}
         for word in re.findall(r"[A-Za-z0-9]+", text):
-            held = df.get(_stemmer.stemWord(word.lower()), 0)
-            if held > 0:
-                rare.setdefault(word.lower(), held)
+            posting = self.postings.get(_stemmer.stemWord(word.lower()))
+            if posting is not None:
+                rare.setdefault(word.lower(), len(posting[0]))
         picked = sorted(rare, key=lambda w: rare[w])[:RARE_TERMS]
         return f"{text} {' '.join(picked)}" if picked else text
 
