@@ -325,7 +325,7 @@ def test_report_is_self_contained_and_renders(
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        unavailable("PRISMEM_CHROMIUM", "chromium is not installed: see the README")
+        unavailable("PRISMEM_CHROMIUM", "chromium is not installed: see docs/contributing.md")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000"]
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120, check=True).stdout  # fmt: skip

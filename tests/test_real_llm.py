@@ -70,7 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The API base of a llama-cpp-python server on loopback, stopped after the module."""
     missing = _missing()
     if missing:
-        skip_or_fail("PRISMEM_REAL_LLM", f"{missing}: see the README's real-LLM tier")
+        skip_or_fail("PRISMEM_REAL_LLM", f"{missing}: see docs/contributing.md, the real-LLM tier")
     port = _free_port()
     log = tmp_path_factory.mktemp("llm") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(_weights()),
