@@ -272,8 +272,8 @@ def test_run_reads_the_benchs_default_slice_unless_told(
     ("args", "message"),
     [
         (["--max-usd", "-1"], "argument --max-usd: must be a number >= 0, got '-1'"),
-        (["--max-tokens", "-5"], "argument --max-tokens: must be an integer >= 0, got '-5'"),
-        (["--rounds", "1,2"], "--rounds takes three non-negative numbers"),
+        (["--max-tokens", "-5"], "--max-tokens: must be an integer from 0 to 1e+15, got '-5'"),
+        (["--rounds", "1,2"], "--rounds takes three numbers from 0 to 1000"),
         (["--resume", "no-such-run"], "run 'no-such-run' not found"),
         (["--seed", "missing.py"], "seed program missing.py not found"),
     ],

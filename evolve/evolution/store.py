@@ -263,8 +263,7 @@ class RunStore:
         number = self._claim_number()
         meta = draft.model_copy(update={"id": f"c{number:04d}-{sha[:8]}", "number": number})
         write_atomic(self._candidates / f"{meta.id}.py", data)
-        self._write_meta(meta)
-        return meta
+        return self._write_meta(meta)
 
     def update(self, candidate_id: str, **fields: Any) -> CandidateMeta:
         """Change some fields (validated; ``id``, ``number`` and ``source_sha256`` are fixed)."""
@@ -273,8 +272,7 @@ class RunStore:
             raise ValueError(f"cannot change {', '.join(sorted(fixed))} of a candidate")
         old = self.get(candidate_id)
         meta = CandidateMeta.model_validate(scrub_secrets({**old.model_dump(), **fields}))
-        self._write_meta(meta)
-        return meta
+        return self._write_meta(meta)
 
     def get(self, candidate_id: str) -> CandidateMeta:
         """A candidate by id or unique prefix (``"c0007"``); CandidateNotFound otherwise,
@@ -468,9 +466,11 @@ class RunStore:
                 pass  # taken by another writer, or by one that crashed: a gap, never a reuse
             number += 1
 
-    def _write_meta(self, meta: CandidateMeta) -> None:
-        text = sealed(meta).model_dump_json(indent=2)
-        write_atomic(self._candidates / f"{meta.id}.json", text.encode("utf-8"))
+    def _write_meta(self, meta: CandidateMeta) -> CandidateMeta:
+        """Write ``meta`` with its checksum; returns it as written."""
+        meta = sealed(meta)
+        write_atomic(self._candidates / f"{meta.id}.json", meta.model_dump_json(indent=2).encode())
+        return meta
 
     def _scan(self) -> tuple[list[CandidateMeta], list[str]]:
         """The readable candidates and one line per damaged one."""
@@ -523,7 +523,7 @@ class RunStore:
             )  # fmt: skip
         except ValueError:
             return None
-        self._write_meta(meta)
+        meta = self._write_meta(meta)
         damaged(f"{problem}: rebuilt from its intact source {source.name}, to be scored again")
         return meta
 
