@@ -12,9 +12,10 @@ cos(φ(e), φ(z)), and per evidence snippet e:
 High ``d_ext`` but low ``d_idx`` points at indexing; high ``d_idx`` but low ``d_ret`` at
 planning or retrieval. Also reported: mean unit length and mean retrieved length.
 
-Owns :func:`question_diagnostics` (worker side: needs the run's units and a probe retrieval) and
-:func:`summarize` (parent side: means per capability). Invariants: the probe query is the
-program's own offline stand-in built from e's text (no task-LLM call is spent), probe results
+Owns :func:`question_diagnostics` (worker side: needs the run's units and a lookup, what
+retrieval returns for a text as the question) and :func:`summarize` (parent side: means per
+capability). Invariants: the lookup query is the
+program's own offline stand-in built from e's text (no task-LLM call is spent), lookup results
 are cached in the stage store like any retrieval, and reading units for a diagnosis does not
 count as stage reuse.
 """
@@ -29,7 +30,7 @@ import numpy as np
 
 from evolve.datasets.types import Conversation, Question
 from evolve.models.embed import Embedder
-from evolve.scoring.offline import blocks
+from evolve.scoring.retrieval import blocks
 from evolve.trace import QuestionTrace
 
 KEYS = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
@@ -57,11 +58,11 @@ def question_diagnostics(
     q: Question,
     conv: Conversation,
     units_of: Callable[[int], list[dict[str, Any]] | None],
-    probe: Callable[[str], str],
+    lookup: Callable[[str], str],
     embedder: Embedder,
 ) -> dict[str, float] | None:
     """``d_ext``, ``d_idx`` and the mean unit length for one question (None without evidence).
-    ``units_of(i)`` gives session i's units (None when not available), ``probe(text)`` the
+    ``units_of(i)`` gives session i's units (None when not available), ``lookup(text)`` the
     retrieved text when ``text`` is the question."""
     messages = conv.messages()
     index = {s.session_id: i for i, s in enumerate(conv.sessions)}
@@ -74,7 +75,7 @@ def question_diagnostics(
         units = [unit_text(u) for u in units_of(index[segment.session_id]) or []]
         lengths += [len(u) for u in units]
         ext.append(_best(embedder, snippet, units))
-        idx.append(_best(embedder, snippet, blocks(probe(message.content))))
+        idx.append(_best(embedder, snippet, blocks(lookup(message.content))))
     if not ext:
         return None
     return {"d_ext": float(np.mean(ext)), "d_idx": float(np.mean(idx)),

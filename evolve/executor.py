@@ -5,7 +5,7 @@ each conversation is a job for :func:`evolve.session.run_conversation` on a back
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
 model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
 stage store; the executor sums their counters, scores every question here with
-:mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.offline` (the
+:mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.retrieval` (the
 diagnostics beside it) and, when the task model answered, with the benchmark's answer
 scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent) — scoring code
 never shares a process with a candidate — and writes per-question traces.
@@ -42,7 +42,7 @@ Invariants:
   ``sandbox`` and ``local`` (:class:`~evolve.fanout.WallClock`), and gives ``judging``, the
   parent's wall seconds scoring answers; ``meta.seconds`` is the evaluation's wall time.
 - Progress (``on_progress``): on the local backend workers report :data:`EVENTS` over a queue
-  as they go, and :class:`Tally` makes one line of them (and of the judge calls made here);
+  as they go, and :class:`WorkerEvents` makes one line of them (and of the judge calls made here);
   every question is counted once, a crashed worker's unreported ones when it is found dead.
 """
 
@@ -73,7 +73,7 @@ from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Variant, choose
-from evolve.scoring.offline import METRICS, OfflineScorer, ScoreInput, aggregate
+from evolve.scoring.retrieval import METRICS, RetrievalScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
 from evolve.trace import QuestionTrace
 from evolve.worker import WorkerConfig, check_endpoint, make_embedder
@@ -106,7 +106,7 @@ workers report (:func:`evolve.session.run_conversation`'s events) and per judged
 EVENTS = ("window", "session", "indexing", "indexed", "restored", "question")  # what workers report
 
 
-class Tally:
+class WorkerEvents:
     """What the workers of one evaluation reported so far, as one line for a progress display:
     sessions extracted, extraction windows the task model answered, memories indexed (and
     which conversations are being indexed now) or restored from the stage store, judge calls;
@@ -168,11 +168,11 @@ def evaluate(
             cache_dir=str(Path(config.cache_dir).resolve()),
             calls_log=str(Path(config.calls_log).resolve()) if config.calls_log else None,
         )
-    tally = Tally(tasks)
+    tally = WorkerEvents(tasks)
     results = _run_jobs(backend, program, tasks, config, tally, on_progress)
 
     embedder = make_embedder(config.embedder, config.cache_dir)
-    scorer = OfflineScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
+    scorer = RetrievalScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
     by_id = {q.id: q for q in tasks.questions}
     evidence = tasks.evidence_texts()
     ceilings = question_ceilings(evidence, embedder, Path(config.cache_dir))
@@ -292,7 +292,7 @@ def _run_jobs(
     program: CheckedProgram,
     tasks: TaskSet,
     config: WorkerConfig,
-    tally: Tally,
+    tally: WorkerEvents,
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
     by_conv = tasks.by_conversation()

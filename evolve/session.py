@@ -13,7 +13,7 @@ and when the memory state is cached, its units are never extracted. The memory i
 the host's incremental operations: ``open``, then per session its units (extracted or reused)
 and one ``add``, then ``dump``; the adds share one deadline, INDEX_SECONDS plus
 INDEX_SECONDS_PER_UNIT per unit. A question whose stored retrieval proves bad, or a
-diagnostic probe, builds the memory then if ingestion did not.
+diagnostic lookup, builds the memory then if ingestion did not.
 
 Invariants:
 - A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
@@ -344,7 +344,7 @@ class ConversationSession:
         """Cold-start diagnostics (:mod:`evolve.diagnostics`) into ``trace``."""
         try:
             trace.diagnostics = question_diagnostics(
-                q, self.conv, self.stored_units, self.probe, self.embedder
+                q, self.conv, self.stored_units, self.lookup, self.embedder
             )
         except (HostFailure, ProgramFailure) as exc:
             trace.diagnostics_error = str(exc)[:300]
@@ -364,10 +364,10 @@ class ConversationSession:
         units = self.store.get_json("extract", self.extract_keys[i])
         return None if units is None else list(units)
 
-    def probe(self, text: str) -> str:
+    def lookup(self, text: str) -> str:
         """What retrieval returns when ``text`` is the question, through the program's own
         offline query stand-in (no LLM call); cached like any retrieval, not counted."""
-        plan_key = self.keys.plan(f"probe:{text}", None)
+        plan_key = self.keys.plan(f"probe:{text}", None)  # the key text stored entries carry
         key = self.keys.retrieve(self.index_key, plan_key)
         result = self.store.get_json("retrieve", key)
         if result is None:

@@ -16,7 +16,7 @@ import pytest
 from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
 from evolve.datasets.types import TaskSet
-from evolve.executor import Tally
+from evolve.executor import WorkerEvents
 
 INTERVAL = 0.2
 LINE = re.compile(r"^\[\d+:\d\d\] round ")
@@ -89,7 +89,7 @@ def test_the_progress_line_counts_windows_indexing_and_judge_calls(data_dir: Pat
 
     tasks = load_taskset("beam", data_dir, "train")
     conv = tasks.conversations[0]
-    tally = Tally(TaskSet(tasks.bench, tasks.split, [conv], ()))
+    tally = WorkerEvents(TaskSet(tasks.bench, tasks.split, [conv], ()))
     assert tally.line() is None  # nothing reported yet
     tally.add(conv.id, "window")
     tally.add(conv.id, "session")

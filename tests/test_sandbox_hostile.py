@@ -333,7 +333,7 @@ CASES: list[Case] = [
     # ---- evaluation side: labels, scorer, splits
     static(
         "import-evolve-scoring",
-        dense(top="import evolve.scoring", index="evolve.scoring.offline"),
+        dense(top="import evolve.scoring", index="evolve.scoring.retrieval"),
         "import-not-allowed",
     ),
     static("import-sandbox", dense(top="from sandbox import tiers"), "import-not-allowed"),

@@ -1,4 +1,4 @@
-"""evolve/scoring/offline.py: retrieved-text blocks, content words, offline metrics, aggregation."""
+"""evolve/scoring/retrieval.py: retrieved-text blocks, content words, metrics, aggregation."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 
 from evolve.datasets.types import CAPABILITIES, Question
 from evolve.models.testing import HashingEmbedder
-from evolve.scoring.offline import (
+from evolve.scoring.retrieval import (
     BLOCK_CHARS,
     HIT_THRESHOLD,
     METRICS,
     MIN_BLOCK_CHARS,
     VERBATIM_CHARS,
-    OfflineScorer,
+    RetrievalScorer,
     ScoreInput,
     aggregate,
     blocks,
@@ -53,8 +53,8 @@ def _question(
 
 
 @pytest.fixture(scope="module")
-def scorer() -> OfflineScorer:
-    return OfflineScorer(HashingEmbedder(dim=384))
+def scorer() -> RetrievalScorer:
+    return RetrievalScorer(HashingEmbedder(dim=384))
 
 
 # --- blocks -------------------------------------------------------------------------------
@@ -128,10 +128,10 @@ def test_content_words_numbers_and_punctuation() -> None:
     assert content_words("... , ;") == set()
 
 
-# --- OfflineScorer ------------------------------------------------------------------------
+# --- RetrievalScorer ------------------------------------------------------------------------
 
 
-def test_evidence_included_verbatim(scorer: OfflineScorer) -> None:
+def test_evidence_included_verbatim(scorer: RetrievalScorer) -> None:
     retrieved = f"{OTHER}\n\n{EVIDENCE}\n\n{UNRELATED}"
     [result] = scorer.score([ScoreInput(_question(), [EVIDENCE], retrieved)])
     assert set(result) == set(METRICS)
@@ -141,7 +141,7 @@ def test_evidence_included_verbatim(scorer: OfflineScorer) -> None:
     assert result["answer_recall"] == 1.0  # "berlin" is in the retrieved text
 
 
-def test_evidence_absent(scorer: OfflineScorer) -> None:
+def test_evidence_absent(scorer: RetrievalScorer) -> None:
     retrieved = f"{OTHER}\n\n{UNRELATED}"
     [result] = scorer.score([ScoreInput(_question(), [EVIDENCE], retrieved)])
     assert result["evidence_similarity"] is not None
@@ -152,12 +152,12 @@ def test_evidence_absent(scorer: OfflineScorer) -> None:
     assert result["answer_recall"] == 0.0
 
 
-def test_question_without_evidence_all_none(scorer: OfflineScorer) -> None:
+def test_question_without_evidence_all_none(scorer: RetrievalScorer) -> None:
     item = ScoreInput(_question(evidence_ids=()), [], f"{EVIDENCE}\n\n{OTHER}")
     assert scorer.score([item]) == [dict.fromkeys(METRICS)]
 
 
-def test_empty_retrieved_text(scorer: OfflineScorer) -> None:
+def test_empty_retrieved_text(scorer: RetrievalScorer) -> None:
     [result] = scorer.score([ScoreInput(_question(), [EVIDENCE], "")])
     assert result == {
         "evidence_coverage": 0.0,
@@ -169,7 +169,7 @@ def test_empty_retrieved_text(scorer: OfflineScorer) -> None:
     }
 
 
-def test_two_evidence_one_found(scorer: OfflineScorer) -> None:
+def test_two_evidence_one_found(scorer: RetrievalScorer) -> None:
     retrieved = f"{OTHER}\n\n{EVIDENCE}"
     [result] = scorer.score([ScoreInput(_question(), [EVIDENCE, UNRELATED], retrieved)])
     assert result["evidence_hit_rate"] == 0.5
@@ -177,7 +177,7 @@ def test_two_evidence_one_found(scorer: OfflineScorer) -> None:
     assert 0.5 < result["evidence_similarity"] < 1.0
 
 
-def test_verbatim_recall_normalises_whitespace_and_uses_opening(scorer: OfflineScorer) -> None:
+def test_verbatim_recall_normalises_whitespace_and_uses_opening(scorer: RetrievalScorer) -> None:
     evidence = "user:   I moved\nto   Berlin " + "and then some more words " * 20
     assert len(evidence) > VERBATIM_CHARS
     opening = " ".join(evidence.split())[:VERBATIM_CHARS]
@@ -186,7 +186,7 @@ def test_verbatim_recall_normalises_whitespace_and_uses_opening(scorer: OfflineS
     assert result["evidence_recall"] == 1.0
 
 
-def test_answer_recall_hand_computed(scorer: OfflineScorer) -> None:
+def test_answer_recall_hand_computed(scorer: RetrievalScorer) -> None:
     # gold words {alic, move, berlin, 2021}; retrieved has alic and 2021 -> 2 / 4
     question = _question(gold="Alice moved to Berlin in 2021")
     retrieved = "Alice lives in Paris since 2021."
@@ -194,20 +194,20 @@ def test_answer_recall_hand_computed(scorer: OfflineScorer) -> None:
     assert result["answer_recall"] == 0.5
 
 
-def test_answer_recall_none_for_empty_gold(scorer: OfflineScorer) -> None:
+def test_answer_recall_none_for_empty_gold(scorer: RetrievalScorer) -> None:
     [result] = scorer.score([ScoreInput(_question(gold="the"), [EVIDENCE], EVIDENCE)])
     assert result["answer_recall"] is None
     assert result["evidence_recall"] == 1.0
 
 
 def test_custom_hit_threshold() -> None:
-    lenient = OfflineScorer(HashingEmbedder(dim=384), hit_threshold=-1.0)
+    lenient = RetrievalScorer(HashingEmbedder(dim=384), hit_threshold=-1.0)
     [result] = lenient.score([ScoreInput(_question(), [EVIDENCE], UNRELATED)])
     assert result["evidence_hit_rate"] == 1.0
     assert lenient.hit_threshold == -1.0
 
 
-def test_batch_matches_single_items(scorer: OfflineScorer) -> None:
+def test_batch_matches_single_items(scorer: RetrievalScorer) -> None:
     items = [
         ScoreInput(_question("q1"), [EVIDENCE], f"{OTHER}\n\n{EVIDENCE}"),
         ScoreInput(_question("q2", evidence_ids=()), [], OTHER),
@@ -302,7 +302,7 @@ def test_aggregate_empty() -> None:
     assert result["by_capability"] == {} and result["by_type"] == {}
 
 
-def test_aggregate_of_scorer_output(scorer: OfflineScorer) -> None:
+def test_aggregate_of_scorer_output(scorer: RetrievalScorer) -> None:
     questions = [_question("q1"), _question("q2", evidence_ids=())]
     items = [
         ScoreInput(questions[0], [EVIDENCE], EVIDENCE),

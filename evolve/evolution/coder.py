@@ -47,7 +47,7 @@ from evolve.models.llm import LLMClient, Message
 from evolve.scoring import fmt_score
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Fitness
-from evolve.scoring.offline import METRICS
+from evolve.scoring.retrieval import METRICS
 from sandbox.static import ALLOWED_IMPORTS
 
 MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from evolve.models.embed import Embedder
-from evolve.scoring.offline import content_words
+from evolve.scoring.retrieval import content_words
 
 EXCERPT_CHARS = 2_400  # most characters one displayed excerpt may take
 SPAN_CHARS = 600  # a record, paragraph or line up to this long is one span

@@ -1,6 +1,6 @@
-"""Offline scoring: retrieval-side metrics that need no LLM.
+"""Retrieval scoring: the retrieval-side metrics that need no LLM (scored offline and online).
 
-Per question (docs/design.md §4), from :class:`OfflineScorer`:
+Per question (docs/design.md §4), from :class:`RetrievalScorer`:
 
 - ``evidence_coverage``, ``evidence_contained``, ``evidence_similarity``,
   ``evidence_hit_rate`` — from :mod:`.coverage` (one embedding matcher, all-MiniLM-L6-v2, on
@@ -35,7 +35,7 @@ from evolve.models.embed import Embedder
 from evolve.scoring import coverage
 from evolve.scoring.coverage import HIT_THRESHOLD, ScoreInput
 
-__all__ = ["HIT_THRESHOLD", "METRICS", "OfflineScorer", "ScoreInput", "aggregate", "blocks"]
+__all__ = ["HIT_THRESHOLD", "METRICS", "RetrievalScorer", "ScoreInput", "aggregate", "blocks"]
 METRICS = (*coverage.METRICS, "evidence_recall", "answer_recall")
 BLOCK_CHARS = 1000
 MIN_BLOCK_CHARS = 120
@@ -82,7 +82,7 @@ def _normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-class OfflineScorer:
+class RetrievalScorer:
     """Every offline metric of a batch of questions: one embedding call for the batch."""
 
     def __init__(self, embedder: Embedder, hit_threshold: float = HIT_THRESHOLD) -> None:
