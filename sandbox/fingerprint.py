@@ -23,6 +23,7 @@ cache keys of :mod:`evolve.stagecache` chain them.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 from collections.abc import Iterable
@@ -224,7 +225,14 @@ def _inert(annotation: ast.expr, bound: set[str]) -> bool:
 
 
 def fingerprints(source: str) -> dict[str, str]:
-    """Component name -> fingerprint (hex). Raises SyntaxError on unparsable source."""
+    """Component name -> fingerprint (hex). Raises SyntaxError on unparsable source. A pure
+    function of the text, so the last sources' fingerprints are kept (a parent is compared with
+    each of its children, and every conversation of an evaluation keys its stages by them)."""
+    return dict(_fingerprints(source))
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprints(source: str) -> tuple[tuple[str, str], ...]:
     graph, members, loose = _program_graph(parse(source))
     roots: dict[str, list[Node]] = {c: [("top", n) for n in top_roots(c)] for c in COMPONENTS}
     for component in MEMORY_COMPONENTS:
@@ -242,7 +250,7 @@ def fingerprints(source: str) -> dict[str, str]:
     for component, closure in closures.items():
         parts = [[*node, dump(graph.code[node])] for node in sorted(closure) if node in graph.code]
         out[component] = digest(component, parts, loose_dump)
-    return out
+    return tuple(out.items())
 
 
 def changed_components(parent_source: str, child_source: str) -> list[str]:
