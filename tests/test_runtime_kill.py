@@ -20,35 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 KILLS = 10
 
 # One short unit per session, retrieval = every unit in index order: the memory, exactly.
-PROGRAM = """
-from dataclasses import dataclass
-
-EXTRACTION_INSTRUCTION = "One unit per message."
-PLANNING_INSTRUCTION = "The question."
-ANSWER_INSTRUCTION = "Answer."
-
-
-@dataclass
-class MemoryUnit:
-    content: str
-
-
-@dataclass
-class Query:
-    text: str
-
-
-class Memory:
-    def __init__(self, backend):
-        self.backend = backend
-        self.units = []
-
-    def index(self, units, segment):
-        self.units.extend(units)
-
-    def retrieve(self, query):
-        return " ".join(u.content for u in self.units)[:16000]
-"""
+PROGRAM = (
+    (Path(__file__).parent / "fixtures" / "minimal_program.py")
+    .read_text()
+    .replace('"\\n".join', '" ".join')
+)
 
 CHILD = """
 import sys
