@@ -184,6 +184,11 @@ class Pipeline:
         with self.clock.during("model"):
             return fn()
 
+    @property
+    def broken(self) -> bool:
+        """Whether the host is gone for good (every later step fails the same way)."""
+        return self._host_error is not None
+
     def close(self) -> None:
         with self._lock:
             if self._host is not None:

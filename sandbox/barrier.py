@@ -8,7 +8,8 @@ Owns the steps :mod:`sandbox.host` takes, in this order, before any candidate co
    outside as a *reaper* that runs no program code (it waits and passes on the child's exit
    status), and the child — PID 1 of the new PID namespace — becomes the host. When PID 1
    exits, the kernel kills everything else in its namespace, so nothing a program starts can
-   outlive the host; the child also dies with the reaper (``PR_SET_PDEATHSIG``).
+   outlive the host; the child also dies with the reaper (``PR_SET_PDEATHSIG``, set again
+   after a change of uid, which clears it).
 2. :func:`confine_files` — after the host has imported what programs may use: an empty tmpfs
    capped in bytes and files is mounted on the scratch directory and the host ``chroot``\\ s
    into it, so the rest of the file system, ``/proc`` included, is gone. As root it then
@@ -113,9 +114,15 @@ def enter() -> dict[str, Any]:
     if child:
         _reap(child)  # never returns
     got["reaper"] = reaper
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0):
-        os._exit(1)
+    _die_with_parent()
     return got
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (the reaper) dies. The kernel clears this on every
+    change of uid or gid, so :func:`_become_throwaway` sets it again."""
+    if _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0):
+        os._exit(1)
 
 
 def _reap(child: int) -> None:
@@ -178,6 +185,7 @@ def _become_throwaway(report: dict[str, Any], uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    _die_with_parent()  # the kernel clears the parent-death signal when the uid changes
     report["user"] = f"throwaway uid {uid}, no groups"
 
 

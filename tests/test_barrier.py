@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -206,6 +208,27 @@ def test_two_live_hosts_never_share_a_throwaway_uid(whole_barrier: None) -> None
         assert len(users) == 2 and all(u.startswith("throwaway uid") for u in users), users
     else:
         assert users == {"own uid, no capabilities"}
+
+
+def test_the_host_dies_with_its_reaper(whole_barrier: None) -> None:
+    """Killing the reaper alone kills the host too, as root (after its change of uid) and as
+    an ordinary user: nothing of the sandbox outlives it."""
+    host = Host(Limits())
+    try:
+        group = host.proc.pid  # the reaper leads the group the host runs in
+        os.kill(group, signal.SIGKILL)
+        host.proc.wait(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the host outlived its reaper")
+    finally:
+        host.kill()
 
 
 def test_the_cli_line_names_what_is_missing() -> None:

@@ -23,6 +23,9 @@ Invariants:
   program is an export whose header records another mode, task model, embedder, precision or
   evaluator version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
   says so in one line naming each difference.
+- **One user's writes take turns, reads run together** (:mod:`.scopes`): an ``add`` waits for
+  the user's reads in progress and holds later ones back until it returns, so a read sees
+  every session or none of one.
 - **One session per ``add``, closed when ``add`` returns.** There is no open session: the
   messages of one ``add`` are one session (one ``Memory.index`` call, with its date), durable in
   the scope's log and indexed before ``add`` returns, and every later ``context()`` of that
@@ -78,6 +81,7 @@ def open_memory(
     model: str | None = None,
     embedder: str = "minilm",
     max_live: int = MAX_LIVE,
+    read_hosts: int = 1,
     snapshot_every: int = SNAPSHOT_EVERY,
     notice: Callable[[str], None] = _say,
     config: WorkerConfig | None = None,
@@ -86,8 +90,10 @@ def open_memory(
     folder ``store`` (created if need be). ``model``: a litellm id for the task model, or None
     for the offline stand-ins; ``embedder``: ``minilm`` or ``hashing`` (a test double).
     ``config`` replaces ``model`` and ``embedder`` by a whole worker configuration (what an
-    evaluation runs with). ``notice`` receives the runtime's one-line notices (default:
-    stderr)."""
+    evaluation runs with). ``max_live``: confined hosts kept started, in all; ``read_hosts``:
+    hosts one user's reads may use side by side (each holds a copy of that user's memory and
+    indexes every session it is given); ``snapshot_every``: sessions between snapshots of a
+    memory. ``notice`` receives the runtime's one-line notices (default: stderr)."""
     path = Path(program)
     try:
         source = path.read_text(encoding="utf-8")
@@ -100,14 +106,15 @@ def open_memory(
         task = ModelConfig(model=model) if model else None
         config = WorkerConfig(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
                               call_prefix=CALL_PREFIX)  # fmt: skip
-    if max_live < 1 or snapshot_every < 1:
-        raise AgentMemoryError("max_live and snapshot_every are at least 1")
+    if min(max_live, read_hosts, snapshot_every) < 1 or read_hosts > max_live:
+        raise AgentMemoryError("max_live, read_hosts and snapshot_every are at least 1, and "
+                               "read_hosts at most max_live")  # fmt: skip
     report = check_program(source, str(path))
     if report.program is None:
         raise AgentMemoryError(f"{path} does not pass the sandbox: {report.repair_text()}")
     return AgentMemory(report.program.source, str(path), report.program.digest, root, config,
-                       max_live=max_live, snapshot_every=snapshot_every,
-                       notice=notice)  # fmt: skip
+                       max_live=max_live, read_hosts=read_hosts,
+                       snapshot_every=snapshot_every, notice=notice)  # fmt: skip
 
 
 class AgentMemory:
@@ -122,6 +129,7 @@ class AgentMemory:
         config: WorkerConfig,
         *,
         max_live: int,
+        read_hosts: int,
         snapshot_every: int,
         notice: Callable[[str], None],
     ) -> None:
@@ -156,7 +164,7 @@ class AgentMemory:
                                 step_seconds=config.step_seconds,
                                 llm_concurrency=config.llm_concurrency)  # fmt: skip
 
-            self._scopes = Scopes(self.store, pipeline, max_live=max_live,
+            self._scopes = Scopes(self.store, pipeline, max_live=max_live, read_hosts=read_hosts,
                                   snapshot_every=snapshot_every, notice=notice)  # fmt: skip
         except BaseException:
             self.store.close()
@@ -184,8 +192,8 @@ class AgentMemory:
         """The program's retrieved text for ``question`` over ``user``'s memory (at most
         :data:`~contract.spec.OUT_CHAR_BUDGET` characters)."""
         question = _text(question, "question")
-        text = self._serve(user, lambda: self._scopes.run(
-            user, lambda live, _: live.pipeline.retrieve(live.pipeline.plan(question, date)).text
+        text = self._serve(user, lambda: self._scopes.read(
+            user, lambda live: live.pipeline.retrieve(live.pipeline.plan(question, date)).text
         ))  # fmt: skip
         return str(text)
 
@@ -196,11 +204,11 @@ class AgentMemory:
             raise AgentMemoryError("answer() needs a task model (open_memory(..., model=...))")
         question = _text(question, "question")
 
-        def step(live: Any, _: Any) -> str:
+        def step(live: Any) -> str:
             found = live.pipeline.retrieve(live.pipeline.plan(question, date))
             return str(live.pipeline.answer(question, date, found.text))
 
-        return str(self._serve(user, lambda: self._scopes.run(user, step)))
+        return str(self._serve(user, lambda: self._scopes.read(user, step)))
 
     def history(self, user: str) -> list[Segment]:
         """The sessions in ``user``'s log, in order (what the memory is built from)."""
