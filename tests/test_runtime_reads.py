@@ -127,36 +127,37 @@ def test_read_hosts_run_one_users_retrieves_side_by_side(tmp_path, monkeypatch):
         assert got == ["user: alpha user: beta"] * 4, "a host of the user missed the add"
 
 
-def test_an_add_waits_for_reads_and_a_read_sees_whole_sessions(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_an_add_waits_for_reads_and_a_read_sees_whole_sessions(tmp_path, monkeypatch, hosts):  # type: ignore[no-untyped-def]
     """Readers and a writer on one user at once: no add overlaps a retrieve, and every read
-    holds the first k sessions for some k, each once (with two hosts per user too)."""
-    for hosts in (1, 2):
-        root = tmp_path / str(hosts)
-        root.mkdir()
-        with opened(root, read_hosts=hosts) as memory:
-            memory.add([{"content": "s0"}], user="ana")
-            adds = spans_of(monkeypatch, "add", pause=0.02)
-            retrieves = host_spans(monkeypatch, "retrieve")
-            seen = []
+    holds the first k sessions for some k, each once (with one host and with two)."""
+    with opened(tmp_path, read_hosts=hosts) as memory:
+        memory.add([{"content": "s0"}], user="ana")
+        adds = spans_of(monkeypatch, "add", pause=0.02)
+        retrieves = host_spans(monkeypatch, "retrieve")
+        seen: list[str] = []
+        done = threading.Event()
 
-            def writer() -> None:
-                for i in range(1, 7):
-                    memory.add([{"content": f"s{i}a"}, {"content": f"s{i}b"}], user="ana")
+        def writer() -> None:
+            for i in range(1, 7):
+                memory.add([{"content": f"s{i}a"}, {"content": f"s{i}b"}], user="ana")
+                time.sleep(0.05)  # outside the lock: reads get in between adds
+            done.set()
 
-            def reader(seen: list[str] = seen) -> None:
-                for _ in range(8):
-                    seen.append(memory.context("q", user="ana"))
+        def reader() -> None:
+            while not done.is_set():
+                seen.append(memory.context("q", user="ana"))
 
-            together([writer, reader, reader])
-            monkeypatch.undo()
-            assert retrieves and adds
-            assert not overlap(adds, [r[1:] for r in retrieves]), "a read ran beside an add"
-            for text in seen:
-                words = text.replace("user: ", "").split()
-                k = (len(words) - 1) // 2
-                whole = ["s0"] + [f"s{i}{p}" for i in range(1, k + 1) for p in "ab"]
-                assert words == whole, f"a read saw part of a session: {text!r}"
-            assert len({len(t) for t in seen}) > 1, "the reads never saw an add land"
+        together([writer, reader, reader])
+        monkeypatch.undo()
+    assert retrieves and adds
+    assert not overlap(adds, [r[1:] for r in retrieves]), "a read ran beside an add"
+    for text in seen:
+        words = text.replace("user: ", "").split()
+        k = (len(words) - 1) // 2
+        whole = ["s0"] + [f"s{i}{p}" for i in range(1, k + 1) for p in "ab"]
+        assert words == whole, f"a read saw part of a session: {text!r}"
+    assert len({len(t) for t in seen}) > 1, "the reads never saw an add land"
 
 
 def test_a_read_the_program_fails_keeps_its_host_one_whose_host_died_does_not(tmp_path):  # type: ignore[no-untyped-def]
