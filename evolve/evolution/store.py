@@ -38,8 +38,8 @@ Invariants:
   :class:`DamagedFile` naming it. Adding the source of a candidate
   whose ``.py`` was lost restores the file. A damaged ``state.json`` is reported and its round
   counters are rebuilt from the event log (:meth:`RunStore.finished_rounds`), said in one line;
-  a ``state.json`` whose fields have the wrong types is damaged too. A damaged manifest keeps
-  the run from opening, with the file named.
+  a ``state.json`` whose fields have the wrong types is damaged too (:mod:`.runstate`). A
+  damaged manifest keeps the run from opening, with the file named.
 - Candidate ids never repeat. The number starts at the count of ``.json`` files and is reserved
   by exclusively creating its claim file, so two writers cannot take the same number; a crash
   after the claim leaves a gap in the numbering, never a reused number.
@@ -63,7 +63,6 @@ import os
 import re
 import sqlite3
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +76,7 @@ from evolve.evolution.candidate import (
     sealed,
     source_problem,
 )
+from evolve.evolution.runstate import finished_rounds, state_problem
 from evolve.files import write_atomic
 from evolve.models import damaged, is_corrupt, open_wal, set_aside, why
 from evolve.scrub import REDACTED as REDACTED  # re-exported
@@ -361,34 +361,10 @@ class RunStore:
         return {"rounds": rounds, "best": None, "round_costs": []}
 
     def finished_rounds(self, children: int | None = None) -> dict[str, int]:
-        """Rounds finished per stage, read off the event log: each round's children log
-        ``proposed`` or ``proposal_failed`` with the run-wide round number and their index, and
-        rounds run one after another, so every round before the last one logged is finished;
-        the last one is finished when all its ``children`` (else as many as any round had)
-        logged and every child it proposed is judged."""
-        stage_of: dict[int, str] = {}
-        seen: dict[int, set[int]] = {}
-        members: dict[int, set[str]] = {}
-        for event in self.events("proposed") + self.events("proposal_failed"):
-            data = event["data"]
-            r, stage, child = data.get("round"), data.get("stage"), data.get("child")
-            if not (_count(r) and isinstance(stage, str) and _count(child)):
-                continue
-            stage_of[r] = stage
-            seen.setdefault(r, set()).add(child)
-            if event["kind"] == "proposed" and isinstance(data.get("candidate"), str):
-                members.setdefault(r, set()).add(data["candidate"])
-        if not stage_of:
-            return {}
-        last = max(stage_of)
-        k = children or max(max(c) + 1 for c in seen.values())
+        """Rounds finished per stage, read off the event log (:func:`finished_rounds`)."""
+        events = self.events("proposed") + self.events("proposal_failed")
         status = {c.id: c.status for c in self.candidates()}
-        done = [r for r in stage_of if r < last]
-        if seen[last] >= set(range(k)) and all(
-            status.get(c, "proposed") != "proposed" for c in members.get(last, set())
-        ):
-            done.append(last)
-        return dict(Counter(stage_of[r] for r in sorted(done)))
+        return finished_rounds(events, status, children)
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Replace ``state.json`` atomically; TypeError if ``state`` is not JSON."""
@@ -537,34 +513,3 @@ class RunStore:
             return {}, why(exc)
         problem = state_problem(state)
         return (state, None) if problem is None else ({}, problem)
-
-
-def _count(value: Any) -> bool:
-    """Whether ``value`` is a count: an int (not a bool) >= 0."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-
-
-def state_problem(state: Any) -> str | None:
-    """Why a loaded ``state.json`` is not the loop's cursor (None when it is): a JSON object
-    whose ``rounds`` maps stages to counts, ``best`` is an id or null and ``round_costs`` is a
-    list of objects of numbers; every field may be absent (a run before its first round)."""
-    if not isinstance(state, dict):
-        return "not a JSON object"
-    rounds = state.get("rounds", {})
-    if not isinstance(rounds, dict) or not all(
-        isinstance(k, str) and _count(v) for k, v in rounds.items()
-    ):
-        return f"rounds is not a map of stages to counts: {json.dumps(rounds)[:80]}"
-    best = state.get("best")
-    if best is not None and not isinstance(best, str):
-        return f"best is not a candidate id: {json.dumps(best)[:80]}"
-    costs = state.get("round_costs", [])
-    if not isinstance(costs, list) or not all(
-        isinstance(c, dict) and all(_number(v) for v in c.values()) for c in costs
-    ):
-        return f"round_costs is not a list of costs: {json.dumps(costs)[:80]}"
-    return None
