@@ -11,6 +11,9 @@ takes them), then asks every question with ``context()`` and prints:
   baseline of encoding such a query alone in this process (after both passes);
 - **reopen**: closing (the last snapshot), opening the store again and the first ``context()``
   (snapshot restored in a new host), and the store's size on disk;
+- **readers**: ``--readers`` threads asking one user's questions at once (cached query
+  embeddings), with one host for the user and with ``read_hosts`` = ``--readers``: contexts per
+  second and each call's p50 / p99;
 - the peak resident memory of this process and of the user's host (read before closing it).
 
 Histories: the first BEAM-100K conversation, the first BEAM-1M one with a chat file, and
@@ -35,6 +38,7 @@ import resource
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import evolve
@@ -129,6 +133,8 @@ def measure(size: str, args: argparse.Namespace) -> None:
         first = time.perf_counter() - t0
         again.close()
         on_disk = folder_bytes(store)
+        together = {hosts: readers(args, store, config, questions, hosts)
+                    for hosts in sorted({1, args.readers})}  # fmt: skip
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{size}: {len(conversation.sessions)} sessions, {n_messages} messages, "
           f"{tokens / 1e6:.2f}M tokens, {len(questions)} questions", flush=True)  # fmt: skip
@@ -145,8 +151,42 @@ def measure(size: str, args: argparse.Namespace) -> None:
         f"  close {closing:.1f} s; reopen {opening:.1f} s (sandbox check included) + first "
         f"context {first:.1f} s (snapshot restored in a new host); store {on_disk / 1e6:.1f} MB"
     )
+    for hosts, (rate, walls_ms) in together.items():
+        print(f"  {args.readers} readers of the user at once, read_hosts={hosts}: "
+              f"{rate:.0f} contexts/s, each p50 {pct(walls_ms, 0.5):.1f} ms, "
+              f"p99 {pct(walls_ms, 0.99):.1f} ms")  # fmt: skip
     print(f"  peak RSS: this process {me:.0f} MB, the user's host {host_peak:.0f} MB",
           flush=True)  # fmt: skip
+
+
+def readers(
+    args: argparse.Namespace,
+    store: Path,
+    config: WorkerConfig,
+    questions: list[Question],
+    hosts: int,
+) -> tuple[float, list[float]]:
+    """``args.readers`` threads ask every question of one user at once (query embeddings
+    cached), over the store opened with ``read_hosts=hosts``: contexts per second of wall time
+    and each call's milliseconds. The extra hosts start during a first, unmeasured round."""
+    memory = evolve.open_memory(args.program, store, config=config, notice=lambda _: None,
+                                read_hosts=hosts, max_live=max(hosts, 8))  # fmt: skip
+    walls: list[float] = []
+
+    def ask(record: bool) -> None:
+        for q in questions:
+            t0 = time.perf_counter()
+            memory.context(q.question, user="bench", date=q.question_date)
+            if record:
+                walls.append((time.perf_counter() - t0) * 1000)
+
+    with ThreadPoolExecutor(args.readers) as pool:
+        list(pool.map(ask, [False] * args.readers))
+        began = time.perf_counter()
+        list(pool.map(ask, [True] * args.readers))
+        wall = time.perf_counter() - began
+    memory.close()
+    return len(walls) / wall, walls
 
 
 def main() -> None:
@@ -159,6 +199,8 @@ def main() -> None:
     joined = Path(tempfile.gettempdir()) / "beam-joined"
     parser.add_argument("--joined", type=Path, default=joined,
                         help="bench/joined_history.py's --out (for 10M)")  # fmt: skip
+    parser.add_argument("--readers", type=int, default=2,
+                        help="threads reading one user at once (and its read_hosts)")  # fmt: skip
     args = parser.parse_args()
     print(f"$ python bench/runtime.py --sizes {args.sizes} --embedder {args.embedder} "
           f"--program {args.program.name}")  # fmt: skip
