@@ -85,8 +85,9 @@ budget, DFS budget, path ranking, state neighbours, FACT_CHARS) are this program
 Bounded work (indexing stays linear in the history): gating and coarsening each take one matrix
 product per window against at most NN_SCOPE of the newest nodes, the nodes recent merges
 refreshed and, for coarsening, the newest ENTITY_CANDIDATES nodes of each entity the window
-mentions (an update further back than that is Added, not Linked). Retrieval takes one dense
-pass, one BM25 pass, one batched bridge embedding and product, and a DFS capped at DFS_STEPS.
+mentions (an update further back than that is Added, not Linked); each index call adds its
+new nodes' terms to BM25 postings. Retrieval takes one dense pass, one BM25 pass over the query
+terms' postings, one batched bridge embedding and product, and a DFS capped at DFS_STEPS.
 
 Offline (``backend.complete`` raises): everything above runs on the executor's
 one-unit-per-message records: gating, coarsening (Merge and Link between messages), hybrid
@@ -219,6 +220,15 @@ class Fact:
 
 
 _stemmer = Stemmer.Stemmer("english")
+
+
+def _terms(texts):
+    """Each text's stemmed terms, English stop words left out (bm25s's tokenizer)."""
+    return bm25s.tokenize(
+        texts, stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False
+    )
+
+
 _EPOCH = datetime(1970, 1, 1)
 _STOPWORDS = frozenset(
     """a about above after again against all also am an and any are as at be because been before
@@ -255,6 +265,9 @@ class Memory:
         self.refreshed: list[int] = []  # nodes whose time recent merges moved forward
         self.clock: float | None = None  # time of the latest message indexed
         self.vocabulary: set[str] = set()  # words memory has seen in lower case
+        self.terms: dict[str, tuple[list[int], list[int]]] = {}  # BM25: term -> nodes, counts
+        self.node_terms: list[int] = []  # terms per posted node (BM25's document length)
+        self.term_total = 0  # their sum
         self.stats = {"gated": 0, "merged": 0, "linked": 0, "added": 0, "llm_windows": 0}
 
     # -- Phase I ----------------------------------------------------------------------------
@@ -294,7 +307,23 @@ class Memory:
                     if not found or any(passed[i] for i in found)
                 ]
             self._coarsen(entries, stamp, times, texts, message_vectors)
+        self._post()
         return None
+
+    def _post(self):
+        """Add the stemmed terms of the nodes added since the last call to the BM25 postings
+        (a node's text never changes: merges move only its time, stamp and count)."""
+        first = len(self.node_terms)
+        for offset, terms in enumerate(_terms(self.texts[first:]) if first < self.size else []):
+            counts = {}
+            for term in terms:
+                counts[term] = counts.get(term, 0) + 1
+            for term, count in counts.items():
+                nodes, tfs = self.terms.setdefault(term, ([], []))
+                nodes.append(first + offset)
+                tfs.append(count)
+            self.node_terms.append(len(terms))
+            self.term_total += len(terms)
 
     def _message_times(self, segment):
         base = parse_hours(segment.date)
@@ -495,22 +524,31 @@ class Memory:
         return self._serialise(graph, chosen, [p for p in paths if set(p) <= set(chosen)])
 
     def _lexical_hits(self, text):
-        """The K_LEX best nodes by BM25, built here over every node: a BM25 index cannot grow,
-        and rebuilt by every index call it would cost time quadratic in the sessions."""
-        if K_LEX <= 0:
+        """The K_LEX best nodes by BM25, best first (none that scores 0)."""
+        if K_LEX <= 0 or not self.terms:
             return []
-        tokens = bm25s.tokenize(self.texts, stopwords="en", stemmer=_stemmer, show_progress=False)
-        if not tokens.vocab:
-            return []
-        lexical = bm25s.BM25()
-        lexical.index(tokens, show_progress=False)
-        tokens = bm25s.tokenize(
-            [text], stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False
-        )[0]
-        if not tokens:
-            return []
-        scores = lexical.get_scores(tokens)
+        scores = self._bm25(_terms([text])[0])
         return [int(i) for i in top_indices(scores, K_LEX) if scores[i] > 0]
+
+    def _bm25(self, terms):
+        """Each node's BM25 score for the query's terms (Lucene's variant, k1 1.5, b 0.75:
+        float32, the scores of a bm25s index over every node's text), read from the postings
+        ``index`` grows; a term named twice counts twice."""
+        scores = np.zeros(self.size, dtype=np.float32)
+        if not self.terms:
+            return scores
+        n, average = self.size, self.term_total / self.size
+        for term in terms:
+            posting = self.terms.get(term)
+            if posting is None:
+                continue
+            held = len(posting[0])
+            idf = float(np.float32(np.log(1 + (n - held + 0.5) / (held + 0.5))))
+            lengths = np.asarray([self.node_terms[i] for i in posting[0]], dtype=np.float64)
+            tf = np.asarray(posting[1], dtype=np.float64)
+            norm = 1.5 * ((1 - 0.75) + 0.75 * lengths / average)
+            np.add.at(scores, posting[0], (idf * (tf / (norm + tf))).astype(np.float32))
+        return scores
 
     def _serialise(self, graph, chosen, paths):
         """The legend, the paths and the dated facts in time order, within the budget."""

@@ -192,10 +192,45 @@ def test_long_histories_stay_within_the_character_budget() -> None:
     assert text.startswith("Evidence graph:") and 12000 < len(text) <= OUT_CHAR_BUDGET
 
 
+def test_lexical_terminals_are_those_of_a_bm25s_index_over_every_node() -> None:
+    """The postings ``index`` grows, session after session, score every node exactly as a
+    bm25s index built over every node's text does (float32, bit for bit), so the K_LEX
+    lexical terminals are the same."""
+    import bm25s
+
+    prog, backend = program(K_LEX=6, GATE_REDUNDANCY=1.0), BagOfWords()
+    words = ["meeting", "Dana", "room", "Lyon", "budget", "flight", "garden", "piano", "tax"]
+    segments = [
+        session(
+            str(s),
+            f"2024-02-{s + 1:02d}",
+            *(
+                " ".join(words[(s * 7 + i * 3 + j) % len(words)] for j in range(2 + i % 5))
+                + f" note {s}-{i}"
+                for i in range(5)
+            ),
+        )  # fmt: skip
+        for s in range(6)
+    ]
+    memory = build(prog, backend, *segments)
+    assert memory.size > 12 and len(memory.node_terms) == memory.size
+    stem = vars(prog.module)["_stemmer"]
+    corpus = bm25s.tokenize(memory.texts, stopwords="en", stemmer=stem, show_progress=False)
+    index = bm25s.BM25()
+    index.index(corpus, show_progress=False)
+    for question in ("Dana meeting room", "the flight to Lyon", "piano piano tax", "nothing"):
+        terms = bm25s.tokenize([question], stopwords="en", stemmer=stem, return_ids=False,
+                               show_progress=False)[0]  # fmt: skip
+        scores = index.get_scores(terms) if terms else np.zeros(memory.size, dtype=np.float32)
+        assert np.array_equal(memory._bm25(terms), scores), question
+        top = vars(prog.module)["top_indices"](scores, 6)
+        assert memory._lexical_hits(question) == [int(i) for i in top if scores[i] > 0]
+
+
 def test_the_built_memory_survives_the_stage_cache() -> None:
     prog, backend = program(), BagOfWords()
     memory = build(prog, backend, session("1", "2024-05-01", OLD), session("2", "2024-05-02", NEW))
-    before = ask(prog, memory, "When is the team meeting?")  # builds the BM25 index as well
+    before = ask(prog, memory, "When is the team meeting?")
     data = dump_state(memory, prog.module.__name__, backend)
     restored = load_state(prog.get("Memory"), data, vars(prog.module), backend)
     assert ask(prog, restored, "When is the team meeting?") == before
