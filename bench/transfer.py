@@ -79,6 +79,10 @@ def compare(
                  *sliced, *common, "--json", "--no-progress")  # fmt: skip
     rows = json.loads(out)["programs"]
     name = dataset.name if first is None else f"{dataset.name}, first {first}"
+    failed = [f"{Path(r['program']).name}: {r['errors']} ({r['first_error']})"
+              for r in rows if r["errors"]]  # fmt: skip
+    if failed:  # a failed question scores 0: the figures would not compare programs
+        raise SystemExit(f"{name}: questions failed, no figures kept: {'; '.join(failed)}")
     return {"dataset": name, "bench": dataset.bench, "split": dataset.split,
             "seconds": time.perf_counter() - began, "questions": rows[0]["latency_questions"],
             "start": rows[0]["fitness"], "ceiling": rows[0]["ceiling"],

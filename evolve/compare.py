@@ -7,7 +7,9 @@ context a program hands to the answer model (characters and estimated tokens per
 how long ``retrieve()`` takes, and the coverage ceiling of the split (the same for every
 program: the gold evidence packed into the budget).
 
-Invariants: every program sees the same task set and configuration; retrieval latency is the
+Invariants: every program sees the same task set and configuration; a question a program fails
+counts as 0 in its scores, and its row says how many failed and the first error (``errors``,
+``first_error``), which the CLI shows beside the figures; retrieval latency is the
 wall time of the host's ``retrieve`` call for each question (indexing excluded), recorded when
 the retrieval was computed and kept with its cached output, so a cached run reports the
 latency measured when it was computed (None for outputs cached before latencies were kept).
@@ -28,6 +30,7 @@ from evolve.models.llm import LLMClient
 from evolve.resources import seed_file
 from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.fitness import Variant, retrieval_fitness
+from evolve.trace import first_error
 from evolve.worker import WorkerConfig
 
 REFERENCE_PROGRAMS = ("simple", "dense", "hybrid", "prism", "ariadne")
@@ -81,6 +84,7 @@ def compare_programs(
             "retrieve_ms_p95": _percentile(latency, 95),
             "latency_questions": len(latency),
             "errors": report.meta["errors"],
+            "first_error": first_error(report.traces) or None,
             "scores": report.scores,
         })  # fmt: skip
     return rows

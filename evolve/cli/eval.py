@@ -246,14 +246,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps({"bench": tasks.bench, "split": tasks.split, "programs": rows}, indent=2))
-        return 0
+        return _say_failures(rows, len(tasks.questions))
     caps = [c for c in CAPABILITY_NAMES if any(c in r["by_capability"] for r in rows)]
     mode = rows[0]["fitness_mode"] if rows else {"name": "retrieval", "definition": ""}
     table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
                   f"{mode['name']} = {mode['definition']} · tokens ≈ characters / "
                   f"{CHARS_PER_TOKEN}")  # fmt: skip
+    failures = any(r["errors"] for r in rows)
     for column in ("program", "fitness", *caps, "retrieval fitness", "ceiling", "similarity",
-                   "hit rate", "ctx chars", "ctx tokens", "retrieve p50 ms", "p95 ms"):  # fmt: skip
+                   "hit rate", "ctx chars", "ctx tokens", "retrieve p50 ms", "p95 ms",
+                   *(["failed"] if failures else [])):  # fmt: skip
         table.add_column(column, justify="left" if column == "program" else "right")
     for r in rows:
         table.add_row(
@@ -263,9 +265,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
             fmt_score(r["evidence_similarity"]), fmt_score(r["evidence_hit_rate"]),
             _num(r["context_chars"]), _num(r["context_tokens"]),
             _num(r["retrieve_ms_p50"], 1), _num(r["retrieve_ms_p95"], 1),
+            *([f"[red]{r['errors']}[/]" if r["errors"] else "0"] if failures else []),
         )  # fmt: skip
     out.print(table)
-    return 0
+    return _say_failures(rows, len(tasks.questions))
+
+
+def _say_failures(rows: list[dict[str, Any]], questions: int) -> int:
+    """One line per program that failed questions (they count as 0 in its figures); exit
+    status 1 when a program failed every question, else 0."""
+    for r in rows:
+        if r["errors"]:
+            err.print(f"[red]{Path(r['program']).name}: {r['errors']} of {questions} questions "
+                      "failed[/] (each counts as 0 in its figures); first: "
+                      f"{escape(r['first_error'] or '')}", highlight=False)  # fmt: skip
+    return 1 if any(r["errors"] and r["errors"] == questions for r in rows) else 0
 
 
 def _num(value: float | None, digits: int = 0) -> str:
