@@ -63,6 +63,10 @@ Records = list[dict[str, Any]] | None  # the task model's unit records for a ses
 HOST_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
 ADD_SECONDS = 120.0  # one add: this much plus ...
 ADD_SECONDS_PER_UNIT = 0.25  # ... this much per unit (the default of Pipeline.add's timeout)
+# The embedding an add may ask for with its time not capped (sandbox.isolate): this many times
+# the characters of the session's messages and units (chunks overlap, texts are embedded in
+# several forms); however slow the machine, embedding them never times an add out.
+ADD_EMBED_VOLUME = 4
 
 
 @dataclass(frozen=True)
@@ -155,14 +159,17 @@ class Pipeline:
         payload: dict[str, Any] | None = None,
         blobs: list[bytes] | None = None,
         timeout: float | None = None,
+        embed_chars: int = 0,
     ) -> tuple[Any, list[bytes]]:
-        """One host request (under the lock; the host started first if need be)."""
+        """One host request (under the lock; the host started first if need be);
+        ``embed_chars`` as :meth:`sandbox.isolate.Host.call` takes it."""
         with self._lock:
             host = self.host()
             self.service.calls = 0
             try:
                 with self.clock.during("sandbox"):
-                    return host.call(op, payload, blobs, timeout=timeout or self.step_seconds)
+                    return host.call(op, payload, blobs, timeout=timeout or self.step_seconds,
+                                     embed_chars=embed_chars)  # fmt: skip
             except HostFailure as exc:  # the host is gone: every later step fails the same way
                 self._host_error = f"program host: {exc}"
                 self.close()
@@ -249,7 +256,10 @@ class Pipeline:
         default deadline is ADD_SECONDS plus ADD_SECONDS_PER_UNIT per unit."""
         if timeout is None:
             timeout = ADD_SECONDS + ADD_SECONDS_PER_UNIT * len(units)
-        self.call("add", {"segment": asdict(segment), "units": units}, timeout=timeout)
+        given = sum(len(m.content) for m in segment.messages)
+        given += sum(len(v) for u in units for v in u.values() if isinstance(v, str))
+        self.call("add", {"segment": asdict(segment), "units": units}, timeout=timeout,
+                  embed_chars=ADD_EMBED_VOLUME * given)  # fmt: skip
 
     def dump(self) -> StateDump:
         """The live memory's state (:mod:`contract.state` bytes), fetched chunk by chunk, or

@@ -18,7 +18,12 @@ Invariants:
 - The deadline measures the program, not the optimizer: time spent answering the host's
   backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
   deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
-  so a program cannot stretch a request without bound by calling the backend.
+  so a program cannot stretch a request without bound by calling the backend. Embedding the
+  request's own data is not held to that cap: the caller names how many characters of
+  embedding the request may ask for (``embed_chars``, e.g. a few times the text of the session
+  it indexes), and the time of embed requests within that volume moves the deadline in full,
+  however slow the machine; beyond it, the cap applies. The work a program can make the
+  optimizer do stays bounded by the data it was given.
 - Every frame the host sends is bounded by its kind, which the frame declares in its length
   prefix (:mod:`sandbox.wire`), checked before any of it is read: an answer (``result``) by
   what its request can legitimately return (:data:`FRAME_BYTES`; 1 MiB for most requests, a
@@ -121,6 +126,14 @@ _SIGNALS = {
 }
 
 
+def _embed_chars(header: dict[str, Any]) -> int:
+    """The characters a backend ``embed`` request asks to embed (0 for anything else)."""
+    texts = header.get("texts") if header.get("method") == "embed" else None
+    if not isinstance(texts, list):
+        return 0
+    return sum(len(t) for t in texts if isinstance(t, str))
+
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -185,8 +198,10 @@ class Host:
         blobs: list[bytes] | None = None,
         *,
         timeout: float | None = None,
+        embed_chars: int = 0,
     ) -> tuple[Any, list[bytes]]:
-        """Send one request; serve the host's backend requests until its answer arrives."""
+        """Send one request; serve the host's backend requests until its answer arrives
+        (``embed_chars``: the volume of embedding whose time moves the deadline in full)."""
         allowed = timeout or self.limits.call_seconds
         deadline = time.monotonic() + allowed
         extension = allowed * BACKEND_EXTENSION  # backend time the deadline may still absorb
@@ -206,8 +221,14 @@ class Host:
                     answer, answer_blobs = self.serve(header, got)
                 except Exception as exc:  # the optimizer's side failed: tell the program
                     answer, answer_blobs = {"error": f"{type(exc).__name__}: {exc}"}, []
-                spent = min(time.monotonic() - began, extension)
-                deadline, extension = deadline + spent, extension - spent
+                spent = time.monotonic() - began
+                chars = _embed_chars(header)
+                if 0 < chars <= embed_chars:  # the request's own data: its time in full
+                    embed_chars -= chars
+                else:
+                    spent = min(spent, extension)
+                    extension -= spent
+                deadline += spent
                 self._send(encode_frame(answer, answer_blobs), deadline)
                 continue
             self.kill()
