@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from evolve.config import RunConfig
+from evolve.evalsetup import EvalSetup, make_embedder
 from evolve.evolution.loop import task_set
 from evolve.executor import evaluate
-from evolve.worker import WorkerConfig, make_embedder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def cold_seed(program: Path, data_dir: Path, conversations: int, jobs: int) -> N
     cache = Path(tempfile.mkdtemp(prefix="prismem-cold-"))
     run = RunConfig(data_dir=str(data_dir), seed_program=str(program), cache_dir=str(cache),
                     conversations=conversations)  # fmt: skip
-    config = WorkerConfig(cache_dir=str(cache), task_model=None)
+    config = EvalSetup(cache_dir=str(cache), task_model=None)
     parent = make_embedder("minilm", str(cache))  # the executor's scorer shares this one
     total = 0.0
     for split in ("train", "valid"):

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
+from evolve.evalsetup import EvalSetup
 from evolve.executor import evaluate
-from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
     cache = Path(tempfile.mkdtemp(prefix="prismem-bench-"))
     child = cache / "child.py"
     child.write_text(retrieval_variant(program.read_text()))
-    config = WorkerConfig(cache_dir=str(cache), task_model=None)
+    config = EvalSetup(cache_dir=str(cache), task_model=None)
     rows = []
     for label, path in (("full", program), ("retrieval-only", child)):
         start = time.perf_counter()

@@ -29,14 +29,14 @@ from typing import Any
 from evolve.config import CHILDREN, RunConfig
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import make_embedder
 from evolve.evolution.cascade import saved_seconds
-from evolve.evolution.loop import Evolution, worker_config
+from evolve.evolution.loop import Evolution, eval_setup
 from evolve.evolution.manifest import build_manifest
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import evaluate
 from evolve.resources import seed_file
 from evolve.scoring.coverage import CoverageScorer, ceiling
-from evolve.worker import make_embedder
 
 SPLITS = ("valid", "holdout")
 
@@ -52,8 +52,8 @@ def rounds(budget: int, children: int) -> dict[str, int]:
 
 def coverage(program: Path, tasks: TaskSet, config: RunConfig, scorer: CoverageScorer) -> float:
     """Mean evidence coverage of ``program`` on ``tasks`` (questions with evidence)."""
-    worker = worker_config(config, Path(config.cache_dir), "bench")
-    report = evaluate(program, tasks, worker, jobs=config.jobs)
+    setup = eval_setup(config, Path(config.cache_dir), "bench")
+    report = evaluate(program, tasks, setup, jobs=config.jobs)
     ev = tasks.evidence_texts()
     rows = scorer.coverage([(ev[t.id], t.retrieved_text) for t in report.traces])
     values = [r["evidence_coverage"] for r in rows if r["evidence_coverage"] is not None]

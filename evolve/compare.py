@@ -22,13 +22,13 @@ import numpy as np
 
 from evolve.datasets.types import CAPABILITIES, TaskSet
 from evolve.distributed import JobBackend
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import fitness
 from evolve.executor import ProgressFn, evaluate
 from evolve.models.llm import LLMClient
 from evolve.resources import seed_file
 from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.fitness import Variant, retrieval_fitness
-from evolve.worker import WorkerConfig
 
 REFERENCE_PROGRAMS = ("simple", "dense", "hybrid", "prism", "ariadne")
 CHARS_PER_TOKEN = 4  # an estimate; the table says so
@@ -47,7 +47,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 def compare_programs(
     paths: list[Path],
     tasks: TaskSet,
-    config: WorkerConfig,
+    config: EvalSetup,
     *,
     backend: JobBackend,
     judge: LLMClient | None = None,

@@ -63,6 +63,7 @@ from contract.spec import COMPONENTS
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
 from evolve.distributed import JobBackend, die_with_parent, make_backend
+from evolve.evalsetup import EvalSetup, check_endpoint, make_embedder
 from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import SpendCapReached, is_spend_cap
@@ -76,7 +77,6 @@ from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.retrieval import METRICS, RetrievalScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, check_endpoint, make_embedder
 from sandbox.check import CheckedProgram, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
@@ -141,7 +141,7 @@ class WorkerEvents:
 def evaluate(
     program: CheckedProgram | Path,
     tasks: TaskSet,
-    config: WorkerConfig,
+    config: EvalSetup,
     *,
     jobs: int = 2,
     hit_threshold: float | None = None,
@@ -291,7 +291,7 @@ def _run_jobs(
     backend: JobBackend,
     program: CheckedProgram,
     tasks: TaskSet,
-    config: WorkerConfig,
+    config: EvalSetup,
     tally: WorkerEvents,
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:

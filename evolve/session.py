@@ -72,12 +72,12 @@ from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
 from evolve import prompts
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
+from evolve.evalsetup import EvalSetup, make_embedder, make_llm
 from evolve.fanout import Turns, attempt, ordered_map
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
 from evolve.pipeline import Pipeline, Records
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, make_embedder, make_llm
 from sandbox.fingerprint import fingerprints
 from sandbox.isolate import HostFailure, ProgramFailure
 
@@ -110,7 +110,7 @@ class ConversationSession:
     """One conversation's evaluation: a :class:`~evolve.pipeline.Pipeline` over the program,
     with the stage store deciding per stage between reuse and computation."""
 
-    def __init__(self, source: str, path: str, config: WorkerConfig, conv: Conversation) -> None:
+    def __init__(self, source: str, path: str, config: EvalSetup, conv: Conversation) -> None:
         self.config = config
         self.conv = conv
         version = evaluator_version()
@@ -395,7 +395,7 @@ def run_conversation(
     path: str,
     conv: Conversation,
     questions: list[Question],
-    config: WorkerConfig,
+    config: EvalSetup,
     ticks: Any = None,
 ) -> ConversationResult:
     """Execute one program over one conversation's questions.

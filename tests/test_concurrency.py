@@ -22,13 +22,13 @@ import pytest
 from conftest import first_sessions
 
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import EvalSetup
 from evolve.executor import evaluate
 from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
 from evolve.stagecache import unframe
-from evolve.worker import WorkerConfig
 from sandbox.check import CheckedProgram
 from sandbox.fingerprint import fingerprints
 
@@ -74,7 +74,7 @@ def tasks(data_dir: Path) -> TaskSet:
 def _evaluate(
     program: CheckedProgram, tasks: TaskSet, cache: Path, concurrency: int
 ) -> dict[str, Any]:
-    config = WorkerConfig(cache_dir=str(cache), task_model=ModelConfig(model="scripted"),
+    config = EvalSetup(cache_dir=str(cache), task_model=ModelConfig(model="scripted"),
                           embedder="hashing", script=jittery_task, diagnose=True,
                           llm_concurrency=concurrency)  # fmt: skip
     judge = ScriptedLLM(jittery_judge, Models(judge=ModelConfig(model="scripted")))
@@ -119,7 +119,7 @@ def test_concurrency_16_equals_sequential(tasks: TaskSet, tmp_path: Path) -> Non
 def test_one_conversation_keeps_several_calls_in_flight(tasks: TaskSet, tmp_path: Path) -> None:
     with FakeModelServer(latency_s=0.2) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url)
-        config = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=model,
+        config = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=model,
                               embedder="hashing", llm_concurrency=8)  # fmt: skip
         report = evaluate(SEEDS / "dense.py", tasks, config, jobs=1)
         stats = server.stats()

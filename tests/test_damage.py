@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from evolve.cli.main import main
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.loop import Evolution, RunConfig, task_set
 from evolve.evolution.store import RunStore
 from evolve.executor import evaluate, write_run
@@ -28,7 +29,6 @@ from evolve.models.embed import _SCHEMA, HashingEmbedder, _sha256
 from evolve.models.llm import LLMError
 from evolve.models.testing import ScriptedLLM
 from evolve.stagecache import StageStore
-from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "alpha"
@@ -238,7 +238,7 @@ def one_conversation(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     cfg = RunConfig(data_dir=str(data_dir), seed_program="", cache_dir="", conversations=1)
     tasks = task_set(cfg, "valid")
     cache = tmp_path_factory.mktemp("stagecache")
-    config = WorkerConfig(cache_dir=str(cache), task_model=None, embedder="hashing")
+    config = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
     report = evaluate(ROOT / "seeds" / "hybrid.py", tasks, config, jobs=1)
     return tasks, config, report
 

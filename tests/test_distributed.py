@@ -34,8 +34,8 @@ from evolve.cli.main import main
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.slices import write_slice
 from evolve.distributed import RayExecutor, make_backend
+from evolve.evalsetup import EvalSetup
 from evolve.executor import evaluate
-from evolve.worker import WorkerConfig
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 START_S = 180.0  # `ray start` on a loaded two-core machine
@@ -98,7 +98,7 @@ def test_executor_starts_a_private_instance_that_matches_local(
     program = SEEDS / "hybrid.py"
 
     def run(backend: str) -> Any:
-        cfg = WorkerConfig(cache_dir=str(tmp_path / backend), task_model=None, embedder="hashing")
+        cfg = EvalSetup(cache_dir=str(tmp_path / backend), task_model=None, embedder="hashing")
         return evaluate(program, tasks, cfg, backend=make_backend(backend, 2))
 
     tasks_sent: list[str] = []

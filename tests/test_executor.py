@@ -11,10 +11,10 @@ from conftest import first_sessions
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import Conversation, TaskSet
+from evolve.evalsetup import EvalSetup
 from evolve.executor import EvalError, evaluate
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
-from evolve.worker import WorkerConfig
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 DENSE = (SEEDS / "dense.py").read_text()
@@ -36,9 +36,9 @@ def variant(tmp_path: Path, name: str, old: str, new: str, base: str = DENSE) ->
 
 
 def run(path: Path, tasks: TaskSet, cache: Path, **config: object) -> dict:
-    cfg = WorkerConfig(cache_dir=str(cache), task_model=None, embedder="hashing")
+    cfg = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
     if config:
-        cfg = WorkerConfig(cache_dir=str(cache), embedder="hashing", **config)  # type: ignore[arg-type]
+        cfg = EvalSetup(cache_dir=str(cache), embedder="hashing", **config)  # type: ignore[arg-type]
     report = evaluate(path, tasks, cfg, jobs=1)
     return {**report.as_json(), "traces": report.traces}
 
@@ -190,7 +190,7 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
     path = variant(
         tmp_path, "hang", "        if not self.blocks:\n", code + "        if not self.blocks:\n"
     )
-    cfg = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
+    cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
                        step_seconds=3.0)  # fmt: skip
     start = time.monotonic()
     report = evaluate(path, tasks, cfg, jobs=1)
@@ -225,7 +225,7 @@ def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: P
     small = TaskSet("beam", "small", tuple(convs), tuple(questions))
     reports = []
     for jobs in (1, 2):
-        cfg = WorkerConfig(cache_dir=str(tmp_path / f"cache{jobs}"), task_model=None,
+        cfg = EvalSetup(cache_dir=str(tmp_path / f"cache{jobs}"), task_model=None,
                            embedder="hashing")  # fmt: skip
         reports.append(evaluate(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
     one, two = reports
@@ -245,7 +245,7 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
     judge = ScriptedLLM(lambda role, stage, messages: (
         "NO" if stage == "beam/align" else '{"score": 0.5, "reason": "partly"}'),
         models=Models(judge=ModelConfig(model="scripted-judge")))  # fmt: skip
-    cfg = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
+    cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
                        embedder="hashing", script=task_script)  # fmt: skip
     report = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
     assert report.meta["judge"]["judge"] == "scripted-judge"
@@ -263,7 +263,7 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
             assert trace.scores["beam_official"] == 0.0  # int(0.5)
             assert trace.scores["beam_described"] == 0.5
     assert report.scores["headline"]["described"]["overall"] is not None
-    offline = evaluate(SEEDS / "dense.py", tasks, WorkerConfig(
+    offline = evaluate(SEEDS / "dense.py", tasks, EvalSetup(
         cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
     assert "beam_official" not in offline.meta["metrics"] and "headline" not in offline.scores
     assert offline.meta["judge"]["judge"] is None

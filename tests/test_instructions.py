@@ -13,11 +13,11 @@ from conftest import first_sessions
 
 from contract.types import ContractError
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import EvalSetup
 from evolve.executor import evaluate
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.prompts import INSTRUCTION_MAX_CHARS, reported_instructions
-from evolve.worker import WorkerConfig
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 DENSE = (SEEDS / "dense.py").read_text()
@@ -55,7 +55,7 @@ def test_styled_instructions_reach_every_prompt_through_a_model(
     path.write_text(STYLED)
     with FakeModelServer(recording) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url)
-        cfg = WorkerConfig(cache_dir=str(tmp_path / "cache"), task_model=model, embedder="hashing")
+        cfg = EvalSetup(cache_dir=str(tmp_path / "cache"), task_model=model, embedder="hashing")
         report = evaluate(path, tasks, cfg, jobs=1)
     assert [t.error for t in report.traces] == [None] * len(tasks.questions)
     assert all(t.answer for t in report.traces)

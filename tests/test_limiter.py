@@ -296,13 +296,13 @@ def test_an_older_call_log_stays_readable_and_gains_the_counts(tmp_path: Path) -
 
 def test_the_transport_limits_reach_every_client_of_a_run(tmp_path: Path) -> None:
     from evolve.config import RunConfig
-    from evolve.evolution.loop import worker_config
-    from evolve.worker import make_llm
+    from evolve.evalsetup import make_llm
+    from evolve.evolution.loop import eval_setup
 
     config = RunConfig(data_dir=str(tmp_path), seed_program="s.py", cache_dir=str(tmp_path),
                        task_model=ModelConfig(model="openai/fake"), llm_concurrency=3,
                        llm_timeout=7.5)  # fmt: skip
-    worker = worker_config(config, tmp_path / "run", "evolve")
+    worker = eval_setup(config, tmp_path / "run", "evolve")
     assert (worker.llm_concurrency, worker.llm_timeout) == (3, 7.5)
     task = make_llm(worker)
     judge = role_client("judge", ModelConfig(model="openai/fake"),

@@ -12,10 +12,10 @@ import pytest
 import evolve
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import EvalSetup
 from evolve.executor import evaluate
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
-from evolve.worker import WorkerConfig
 
 PROGRAM = Path(__file__).resolve().parents[1] / "seeds" / "dense.py"
 
@@ -25,12 +25,12 @@ def test_context_equals_the_evaluators_retrieved_text(data_dir: Path, tmp_path: 
     conv, questions = load_conversation(data_dir, "100K", "1")
     tasks = TaskSet("beam", "parity", (conv,), tuple(questions))
 
-    def config(cache: str) -> WorkerConfig:
+    def config(cache: str) -> EvalSetup:
         if mode == "offline":
-            return WorkerConfig(cache_dir=str(tmp_path / cache), task_model=None,
+            return EvalSetup(cache_dir=str(tmp_path / cache), task_model=None,
                                 embedder="hashing")  # fmt: skip
         model = ModelConfig(model="scripted")
-        return WorkerConfig(cache_dir=str(tmp_path / cache), embedder="hashing",
+        return EvalSetup(cache_dir=str(tmp_path / cache), embedder="hashing",
                             task_model=model, script=task_script)  # fmt: skip
 
     report = evaluate(PROGRAM, tasks, config("eval-cache"), jobs=1)

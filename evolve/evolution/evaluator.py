@@ -44,13 +44,13 @@ from typing import Any
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.executor import EvalError, EvalReport, ProgressFn, evaluate
 from evolve.models.llm import LLMClient
 from evolve.trace import first_error
-from evolve.worker import WorkerConfig
 from sandbox.check import CheckedProgram, CheckReport, check_program
 
 JUDGED = ("evaluated", "rejected", "failed", "stopped")  # statuses never evaluated again
@@ -93,7 +93,7 @@ class Evaluator:
         self,
         store: RunStore,
         config: RunConfig,
-        worker: WorkerConfig,
+        setup: EvalSetup,
         judge: LLMClient | None,
         backend: Callable[[], JobBackend],
         tasks: Callable[[str], TaskSet],
@@ -101,7 +101,7 @@ class Evaluator:
         progress: EvalProgress | None = None,
         guards: Callable[[], Phase] = list,
     ) -> None:
-        self.store, self.config, self.worker, self.judge = store, config, worker, judge
+        self.store, self.config, self.setup, self.judge = store, config, setup, judge
         self.backend, self.tasks, self.after = backend, tasks, after
         self.progress = progress
         self.guards = guards  # (scores key, tasks) of each guard of the run, loaded on first use
@@ -225,12 +225,12 @@ class Evaluator:
         def one(i: int, name: str, tasks: TaskSet) -> EvalReport:
             # stage diagnostics steer cold start: computed for the seed and its revisions
             diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
-            worker = dataclasses.replace(self.worker, diagnose=diagnose)
+            setup = dataclasses.replace(self.setup, diagnose=diagnose)
             label = f"{job.candidate.id} {name.removeprefix('guard:')}"
             row = slot * len(splits) + i
             on_progress = self.progress and self.progress(row, label, len(tasks.questions))
             judge = self.judge.view() if self.judge else None  # its own records: its calls only
-            return evaluate(job.program, tasks, worker, judge=judge, backend=backend,
+            return evaluate(job.program, tasks, setup, judge=judge, backend=backend,
                             on_progress=on_progress,
                             judge_variant=self.config.judge_variant)  # fmt: skip
 

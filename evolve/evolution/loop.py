@@ -72,6 +72,7 @@ from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.guards import load_guard, parse_guard
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend, make_backend
+from evolve.evalsetup import EvalSetup, make_embedder, reset_endpoint
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
@@ -93,7 +94,6 @@ from evolve.scoring.answers import make_scorer
 from evolve.session import evaluator_version
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, make_embedder, reset_endpoint
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints
 
@@ -108,9 +108,7 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
     return archive(candidates).specialists
 
 
-def worker_config(
-    config: RunConfig, run_root: Path, call_prefix: str, **changes: Any
-) -> WorkerConfig:
+def eval_setup(config: RunConfig, run_root: Path, call_prefix: str, **changes: Any) -> EvalSetup:
     """What the evaluation workers of a run need (the one place it is built from a config):
     the run's cache, task model and embedder; LLM calls go to the run's call log, so they
     count in its spend. ``changes`` override fields (``cache_dir``, ``embedder``, ...)."""
@@ -120,7 +118,7 @@ def worker_config(
         "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
         "llm_concurrency": config.llm_concurrency, "llm_timeout": config.llm_timeout,
     }  # fmt: skip
-    return WorkerConfig(**{**fields, **changes})
+    return EvalSetup(**{**fields, **changes})
 
 
 def task_set(config: RunConfig, split: str) -> TaskSet:
@@ -206,8 +204,8 @@ class Evolution:
         self.judge = judge or role_client("judge", config.judge_model, log_path=log,
                                           cache_path=cache if config.reuse else None,
                                           **config.llm_limits())  # fmt: skip
-        self.worker = worker_config(config, store.root, "evolve", script=task_script)
-        self.evaluator = Evaluator(store, config, self.worker, self.judge, lambda: self.backend,
+        self.setup = eval_setup(config, store.root, "evolve", script=task_script)
+        self.evaluator = Evaluator(store, config, self.setup, self.judge, lambda: self.backend,
                                    self.tasks, self.compare_routing, eval_progress,
                                    self.guards)  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
@@ -244,7 +242,7 @@ class Evolution:
     def run(self) -> CandidateMeta:
         """Run every remaining round (or until a budget cap); returns the best program overall."""
         write_caps(calls_path(self.store.root), Caps(self.config.max_usd, self.config.max_tokens))
-        reset_endpoint(self.worker)  # tripped by an earlier process: the endpoint may be back
+        reset_endpoint(self.setup)  # tripped by an earlier process: the endpoint may be back
         seed_source = Path(self.config.seed_program).read_text()
         seed = self.store.add_candidate(
             seed_source,
@@ -395,7 +393,7 @@ class Evolution:
         """Where a case finds the units the program extracted from a train session: the stage
         store (trusted side), under the program's own extraction keys."""
         fps = fingerprints(source)
-        keys = StageKeys(fps, self.worker.model_sig, self.config.embedder, evaluator_version())
+        keys = StageKeys(fps, self.setup.model_sig, self.config.embedder, evaluator_version())
         stages = StageStore(Path(self.config.cache_dir) / "stages", version=keys.evaluator)
         convs = {c.id: c for c in self.tasks("train").conversations}
 
