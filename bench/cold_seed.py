@@ -23,7 +23,7 @@ from pathlib import Path
 from evolve.config import RunConfig
 from evolve.evalsetup import EvalSetup, make_embedder
 from evolve.evolution.loop import task_set
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def cold_seed(program: Path, data_dir: Path, conversations: int, jobs: int) -> N
         tasks = task_set(run, split)
         parent.stats.reset()
         start = time.perf_counter()
-        report = evaluate(program, tasks, config, jobs=jobs)
+        report = run_eval(program, tasks, config, jobs=jobs)
         wall = time.perf_counter() - start
         total += wall
         emb = report.work["worker_embedding"]

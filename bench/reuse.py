@@ -20,7 +20,7 @@ from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
 from evolve.evalsetup import EvalSetup
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
     rows = []
     for label, path in (("full", program), ("retrieval-only", child)):
         start = time.perf_counter()
-        report = evaluate(path, tasks, config, jobs=jobs)
+        report = run_eval(path, tasks, config, jobs=jobs)
         wall = time.perf_counter() - start
         rows.append((label, wall, report))
         stages = " ".join(f"{s}={c['computed']}/{c['reused']}" for s, c in report.stages.items())

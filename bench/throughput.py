@@ -27,7 +27,7 @@ from pathlib import Path
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
 from evolve.evalsetup import EvalSetup
-from evolve.executor import EvalError, EvalReport, evaluate
+from evolve.executor import EvalError, EvalReport, run_eval
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
 from evolve.models.llm import LLMError, ModelConfig, Models
@@ -61,7 +61,7 @@ def one_run(
                            cache_path=cache / "llm-cache.sqlite",
                            concurrency=concurrency)  # fmt: skip
         start = time.perf_counter()
-        report = evaluate(args.program, tasks, config, jobs=args.jobs, judge=judge)
+        report = run_eval(args.program, tasks, config, jobs=args.jobs, judge=judge)
         wall = time.perf_counter() - start
         stats = server.stats()
     if not warm.exists() and (cache / warm.name).exists():

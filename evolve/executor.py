@@ -11,7 +11,7 @@ scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent)
 never shares a process with a candidate — and writes per-question traces.
 
 Invariants:
-- No program is evaluated before it has passed the sandbox: :func:`evaluate` takes the
+- No program is evaluated before it has passed the sandbox: :func:`run_eval` takes the
   :class:`~sandbox.check.CheckedProgram` a passing check returns (a path is checked first, by
   :func:`check_file`), and runs exactly the source that was checked.
 - A failing conversation (program error, crashed worker) fails only its own questions; they
@@ -138,7 +138,7 @@ class WorkerEvents:
         return " · ".join(parts) or None
 
 
-def evaluate(
+def run_eval(
     program: CheckedProgram | Path,
     tasks: TaskSet,
     config: EvalSetup,

@@ -33,8 +33,8 @@ Invariants:
 - Offline mode (no task model) uses the stand-ins of :mod:`contract.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; the trace says when.
-- Every stage key carries :func:`evaluator_version` (prompt texts, extraction window,
-  truncation, library and embedding-model versions), so a changed evaluator reuses nothing.
+- Every stage key carries :func:`pipeline_version` (prompt texts, extraction window,
+  truncation, library and embedding-model versions), so a changed pipeline reuses nothing.
 - ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the stage outputs
   it computed itself, and task LLM calls skip the response cache; the baseline that
   ``bench/run_reuse.py`` measures stage reuse against.
@@ -84,10 +84,10 @@ from sandbox.isolate import HostFailure, ProgramFailure
 T = TypeVar("T")
 INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
 INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit, for all its adds together
-# What the evaluator itself contributes to stage outputs, folded into every stage key by
-# evaluator_version(): bump EVALUATOR_VERSION whenever a change here, in the pipeline, in the
+# What the pipeline contributes to stage outputs beyond the program, folded into every stage key by
+# pipeline_version(): bump PIPELINE_VERSION whenever a change here, in the pipeline, in the
 # host or in the offline stand-ins changes what a stage outputs for the same program and data.
-EVALUATOR_VERSION = "3"
+PIPELINE_VERSION = "3"
 TRUNCATION = "prefix"  # retrieved text keeps its first OUT_CHAR_BUDGET characters
 # Installed distributions whose versions can change a stage's output (numerics, tokenising,
 # the embedding model's weights and code).
@@ -113,7 +113,7 @@ class ConversationSession:
     def __init__(self, source: str, path: str, config: EvalSetup, conv: Conversation) -> None:
         self.config = config
         self.conv = conv
-        version = evaluator_version()
+        version = pipeline_version()
         self.store = StageStore(Path(config.cache_dir) / "stages", version=version,
                                 reuse=config.reuse,
                                 on_invalid=lambda stage: self.count(stage, "invalid"))  # fmt: skip
@@ -458,12 +458,12 @@ def run_conversation(
     )
 
 
-def evaluator_version() -> str:
-    """A digest of what the evaluator contributes to stage outputs: EVALUATOR_VERSION, the
+def pipeline_version() -> str:
+    """A digest of what the pipeline contributes to stage outputs: PIPELINE_VERSION, the
     contract version, the prompt texts and extraction window (:func:`evolve.prompts.texts`),
     the truncation rule and budget, the embedding model, its precision and the installed
     versions of OUTPUT_LIBRARIES."""
     versions = library_versions(OUTPUT_LIBRARIES)
-    parts = [EVALUATOR_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
+    parts = [PIPELINE_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
              Embedder.name, Embedder.dim, versions, precision()]  # fmt: skip
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -3,9 +3,9 @@
 Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerprint`'s:
 
 1. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
-   the model signature, the evaluator version and a digest of the input data, so a key changes
+   the model signature, the pipeline version and a digest of the input data, so a key changes
    whenever anything that could change the output changes.
-2. :class:`StageStore` — an on-disk store of stage outputs, one folder per evaluator version
+2. :class:`StageStore` — an on-disk store of stage outputs, one folder per pipeline version
    under each stage (:func:`stale_folders` and :func:`stage_usage` find the others), each written by
    :func:`evolve.files.write_atomic`. Memory state is stored as the bytes of
    :mod:`contract.state` (pickled and unpickled only in the sandbox host). Failures are never
@@ -41,10 +41,10 @@ class StageKeys:
     fp: dict[str, str]
     model_sig: str  # "offline" or the task model id and parameters
     embed_sig: str  # the embedder's name: index state contains its vectors
-    evaluator: str  # evolve.session.evaluator_version(): what the evaluator adds to outputs
+    pipeline_version: str  # evolve.session.pipeline_version(): what the pipeline adds to outputs
 
     def _key(self, stage: str, *parts: Any) -> str:
-        return digest(stage, self.fp[stage], self.evaluator, *parts)
+        return digest(stage, self.fp[stage], self.pipeline_version, *parts)
 
     def extract(self, segment_digest: str) -> str:
         return self._key("extract", self.model_sig, segment_digest)
@@ -112,15 +112,15 @@ def _complete_pickle(data: bytes) -> bool:
 
 
 def version_folder(version: str) -> str:
-    """The folder under each stage that holds the entries of evaluator version ``version``
+    """The folder under each stage that holds the entries of pipeline version ``version``
     (``""``: none, the entries lie directly under the stage, as tests may keep them)."""
     return f"v-{version[:16]}" if version else ""
 
 
 @dataclass(frozen=True)
 class StageUsage:
-    """What a stage store holds on disk: bytes and entries of the current evaluator version, and
-    of every other one (which no current evaluator can read)."""
+    """What a stage store holds on disk: bytes and entries of the current pipeline version, and
+    of every other one (which no current pipeline version reads)."""
 
     current_bytes: int = 0
     current_entries: int = 0
@@ -134,9 +134,9 @@ def _tree(path: Path) -> tuple[int, int]:
 
 
 def stale_folders(root: Path, version: str) -> list[Path]:
-    """The folders under ``root``'s stages that hold entries no evaluator of ``version`` reads:
-    other versions' folders and entries of the layout before version folders (two-character
-    key prefixes directly under a stage)."""
+    """The folders under ``root``'s stages that hold entries pipeline version ``version`` does
+    not read: other versions' folders and entries of the layout before version folders
+    (two-character key prefixes directly under a stage)."""
     keep = version_folder(version)
     out: list[Path] = []
     for stage in sorted(p for p in Path(root).glob("*") if p.is_dir() and not p.is_symlink()):
@@ -156,9 +156,10 @@ def stage_usage(root: Path, version: str) -> StageUsage:
 class StageStore:
     """Stage outputs on disk: JSON for records and texts, bytes for memory state.
 
-    Entries live in one folder per evaluator version under each stage (``version``:
-    :func:`evolve.session.evaluator_version`, which every key carries too), so the entries no
-    current evaluator reads can be found and pruned (``evolve cache``; :func:`stale_folders`).
+    Entries live in one folder per pipeline version under each stage (``version``:
+    :func:`evolve.session.pipeline_version`, which every key carries too), so the entries no
+    current pipeline version reads can be found and pruned (``evolve cache``;
+    :func:`stale_folders`).
 
     With ``reuse=False`` the store still writes every output (so trusted-side readers such as
     compact cases find them) but reads back only what this instance wrote: nothing computed by
@@ -176,7 +177,7 @@ class StageStore:
         on_invalid: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
-        self.folder = version_folder(version)  # entries of this evaluator version live here
+        self.folder = version_folder(version)  # entries of this pipeline version live here
         self._own: set[Path] | None = None if reuse else set()
         self._on_invalid = on_invalid or (lambda _stage: None)
 

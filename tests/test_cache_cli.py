@@ -1,4 +1,5 @@
-"""``evolve cache``: sizes, and pruning exactly the stage outputs no current evaluator reads."""
+"""``evolve cache``: sizes, and pruning exactly the stage outputs no current pipeline version
+reads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evolve.cli.main import main
-from evolve.session import evaluator_version
+from evolve.session import pipeline_version
 from evolve.stagecache import StageStore
 
 
@@ -15,7 +16,7 @@ def test_cache_shows_sizes_and_prunes_only_other_versions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stages = tmp_path / "stages"
-    current = StageStore(stages, version=evaluator_version())
+    current = StageStore(stages, version=pipeline_version())
     current.put_json("answer", "ab" * 32, "kept")
     current.put_bytes("index", "cd" * 32, b"state")
     StageStore(stages, version="0" * 64).put_json("answer", "ef" * 32, "an old release's")
@@ -24,7 +25,7 @@ def test_cache_shows_sizes_and_prunes_only_other_versions(
 
     assert main(["cache", "--cache-dir", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
-    assert "this evaluator version: 2 entries" in shown
+    assert "this pipeline version: 2 entries" in shown
     assert "other versions (unreadable now): 2 entries" in shown and "llm-cache.sqlite" in shown
     assert len([f for f in stages.rglob("*") if f.is_file()]) == 4  # nothing removed
 

@@ -23,7 +23,7 @@ from conftest import first_sessions
 
 from evolve.datasets.types import TaskSet
 from evolve.evalsetup import EvalSetup
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
@@ -78,7 +78,7 @@ def _evaluate(
                           embedder="hashing", script=jittery_task, diagnose=True,
                           llm_concurrency=concurrency)  # fmt: skip
     judge = ScriptedLLM(jittery_judge, Models(judge=ModelConfig(model="scripted")))
-    report = evaluate(program, tasks, config, jobs=1, judge=judge)
+    report = run_eval(program, tasks, config, jobs=1, judge=judge)
     traces = [json.loads(t.to_json()) for t in report.traces]
     for t in traces:
         t.pop("retrieve_ms")  # wall-clock time, not a result
@@ -121,7 +121,7 @@ def test_one_conversation_keeps_several_calls_in_flight(tasks: TaskSet, tmp_path
         model = ModelConfig(model="openai/fake", api_base=server.base_url)
         config = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=model,
                               embedder="hashing", llm_concurrency=8)  # fmt: skip
-        report = evaluate(SEEDS / "dense.py", tasks, config, jobs=1)
+        report = run_eval(SEEDS / "dense.py", tasks, config, jobs=1)
         stats = server.stats()
     assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
     assert stats.max_in_flight > 1  # windows and questions overlap within one conversation

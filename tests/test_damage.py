@@ -23,7 +23,7 @@ from evolve.cli.main import main
 from evolve.evalsetup import EvalSetup
 from evolve.evolution.loop import Evolution, RunConfig, task_set
 from evolve.evolution.store import RunStore
-from evolve.executor import evaluate, write_run
+from evolve.executor import run_eval, write_run
 from evolve.models import close_connections
 from evolve.models.embed import _SCHEMA, HashingEmbedder, _sha256
 from evolve.models.llm import LLMError
@@ -239,7 +239,7 @@ def one_conversation(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     tasks = task_set(cfg, "valid")
     cache = tmp_path_factory.mktemp("stagecache")
     config = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
-    report = evaluate(ROOT / "seeds" / "hybrid.py", tasks, config, jobs=1)
+    report = run_eval(ROOT / "seeds" / "hybrid.py", tasks, config, jobs=1)
     return tasks, config, report
 
 
@@ -273,12 +273,12 @@ def test_wrong_shape_stage_entries_are_recomputed_and_counted(one_conversation: 
     for i, entry in enumerate(retrieves):  # valid JSON, wrong shape
         entry.write_text(json.dumps([{"retrieved": 5}, "text", [], None][i % 4]))
     indexes[0].write_bytes(pickle.dumps([1, 2]))  # a whole pickle, not a memory state
-    again = evaluate(path, tasks, config, jobs=1)
+    again = run_eval(path, tasks, config, jobs=1)
     assert again.scores["overall"] == clean.scores["overall"] and again.meta["errors"] == 0
     n = len(tasks.questions)
     assert again.stages["retrieve"] == {**again.stages["retrieve"], "computed": n, "invalid": n}
     assert again.stages["index"]["computed"] == 1 == again.stages["index"]["invalid"]
-    third = evaluate(path, tasks, config, jobs=1)  # the bad entries were overwritten
+    third = run_eval(path, tasks, config, jobs=1)  # the bad entries were overwritten
     assert third.stages["retrieve"]["reused"] == n and third.stages["retrieve"]["invalid"] == 0
     assert third.scores["overall"] == clean.scores["overall"]
 

@@ -35,7 +35,7 @@ from evolve.datasets.beam import load_taskset
 from evolve.datasets.slices import write_slice
 from evolve.distributed import RayExecutor, make_backend
 from evolve.evalsetup import EvalSetup
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 START_S = 180.0  # `ray start` on a loaded two-core machine
@@ -99,7 +99,7 @@ def test_executor_starts_a_private_instance_that_matches_local(
 
     def run(backend: str) -> Any:
         cfg = EvalSetup(cache_dir=str(tmp_path / backend), task_model=None, embedder="hashing")
-        return evaluate(program, tasks, cfg, backend=make_backend(backend, 2))
+        return run_eval(program, tasks, cfg, backend=make_backend(backend, 2))
 
     tasks_sent: list[str] = []
     submit = RayExecutor.submit

@@ -12,7 +12,7 @@ from conftest import first_sessions
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import Conversation, TaskSet
 from evolve.evalsetup import EvalSetup
-from evolve.executor import EvalError, evaluate
+from evolve.executor import EvalError, run_eval
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
 
@@ -39,7 +39,7 @@ def run(path: Path, tasks: TaskSet, cache: Path, **config: object) -> dict:
     cfg = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
     if config:
         cfg = EvalSetup(cache_dir=str(cache), embedder="hashing", **config)  # type: ignore[arg-type]
-    report = evaluate(path, tasks, cfg, jobs=1)
+    report = run_eval(path, tasks, cfg, jobs=1)
     return {**report.as_json(), "traces": report.traces}
 
 
@@ -193,7 +193,7 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
     cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
                        step_seconds=3.0)  # fmt: skip
     start = time.monotonic()
-    report = evaluate(path, tasks, cfg, jobs=1)
+    report = run_eval(path, tasks, cfg, jobs=1)
     assert time.monotonic() - start < 60
     errors = [t.error for t in report.traces]
     assert all("timed out" in e for e in errors), errors
@@ -227,7 +227,7 @@ def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: P
     for jobs in (1, 2):
         cfg = EvalSetup(cache_dir=str(tmp_path / f"cache{jobs}"), task_model=None,
                            embedder="hashing")  # fmt: skip
-        reports.append(evaluate(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
+        reports.append(run_eval(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
     one, two = reports
     assert one.scores == two.scores and one.stages == two.stages
     keep = ("id", "retrieved", "scores", "error")
@@ -247,14 +247,14 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
         models=Models(judge=ModelConfig(model="scripted-judge")))  # fmt: skip
     cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
                        embedder="hashing", script=task_script)  # fmt: skip
-    report = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
+    report = run_eval(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
     assert report.meta["judge"]["judge"] == "scripted-judge"
     assert report.meta["models"]["judge"] == "scripted-judge"
     assert "beam_official" in report.meta["metrics"]
     rubric = [q for q in tasks.questions if q.ability != "event_ordering"]
     assert judge.usage_summary()["judge"]["calls"] >= 2 * sum(len(q.rubric) for q in rubric)
     assert report.usage["judge"]["calls"] == judge.usage_summary()["judge"]["calls"]
-    again = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)  # counts its own calls
+    again = run_eval(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)  # counts its own calls
     assert again.usage["judge"]["calls"] == report.usage["judge"]["calls"]
     assert again.usage["judge"]["cached_calls"] == 0  # the scripted judge has no request cache
     for trace in report.traces:
@@ -263,7 +263,7 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
             assert trace.scores["beam_official"] == 0.0  # int(0.5)
             assert trace.scores["beam_described"] == 0.5
     assert report.scores["headline"]["described"]["overall"] is not None
-    offline = evaluate(SEEDS / "dense.py", tasks, EvalSetup(
+    offline = run_eval(SEEDS / "dense.py", tasks, EvalSetup(
         cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
     assert "beam_official" not in offline.meta["metrics"] and "headline" not in offline.scores
     assert offline.meta["judge"]["judge"] is None

@@ -18,7 +18,7 @@ from evolve.datasets.types import TaskSet
 from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import archive
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.models.testing import HashingEmbedder
 from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY, choose
@@ -55,7 +55,7 @@ def program(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
 
 def evaluated(path: Path, tasks: TaskSet, cache: Path) -> Any:
     config = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
-    return evaluate(path, tasks, config, jobs=1)
+    return run_eval(path, tasks, config, jobs=1)
 
 
 def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_it(

@@ -14,7 +14,7 @@ from conftest import first_sessions
 from contract.types import ContractError
 from evolve.datasets.types import TaskSet
 from evolve.evalsetup import EvalSetup
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.prompts import INSTRUCTION_MAX_CHARS, reported_instructions
@@ -56,7 +56,7 @@ def test_styled_instructions_reach_every_prompt_through_a_model(
     with FakeModelServer(recording) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url)
         cfg = EvalSetup(cache_dir=str(tmp_path / "cache"), task_model=model, embedder="hashing")
-        report = evaluate(path, tasks, cfg, jobs=1)
+        report = run_eval(path, tasks, cfg, jobs=1)
     assert [t.error for t in report.traces] == [None] * len(tasks.questions)
     assert all(t.answer for t in report.traces)
     marks = {"extract": "QXTR Read the conversation", "plan": "QPLN Rewrite the question",

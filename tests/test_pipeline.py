@@ -16,7 +16,7 @@ import pytest
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
 from evolve.evalsetup import EvalSetup, make_llm
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.models.testing import HashingEmbedder, task_script
@@ -49,7 +49,7 @@ def test_the_pipeline_retrieves_what_evaluation_retrieved(
     config = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=model, embedder="hashing",
                           script=task_script if model else None)  # fmt: skip
     program = SEEDS / seed
-    report = evaluate(program, conversation, config, jobs=1)
+    report = run_eval(program, conversation, config, jobs=1)
     assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
     evaluated = {t.id: t.retrieved for t in report.traces}
     fresh = dataclasses.replace(config, cache_dir=str(tmp_path / "direct"))  # no reply reused
@@ -129,7 +129,7 @@ def test_a_failed_memory_is_not_built_again_for_every_question(
             # no response cache: a window asked again reaches the server again
             config = EvalSetup(cache_dir=str(cache), task_model=model, embedder="hashing",
                                   llm_concurrency=1, reuse=False)  # fmt: skip
-            report = evaluate(SEEDS / "dense.py", tasks, config, jobs=1)
+            report = run_eval(SEEDS / "dense.py", tasks, config, jobs=1)
         return extractions, [t.error or "" for t in report.traces]
 
     once, (error,) = run(1, tmp_path / "one")

@@ -116,7 +116,7 @@ def test_an_evaluation_with_a_task_model_and_a_judge_reports_windows_and_judge_c
     from evolve.config import RunConfig
     from evolve.evalsetup import EvalSetup
     from evolve.evolution.loop import task_set
-    from evolve.executor import evaluate
+    from evolve.executor import run_eval
     from evolve.models.llm import ModelConfig, Models
     from evolve.models.testing import ScriptedLLM, task_script
 
@@ -131,7 +131,7 @@ def test_an_evaluation_with_a_task_model_and_a_judge_reports_windows_and_judge_c
                           task_model=ModelConfig(model="scripted"), script=task_script)  # fmt: skip
     judge = ScriptedLLM(judge_script, Models(judge=ModelConfig(model="scripted-judge")))
     seen: list[tuple[int, str | None]] = []
-    evaluate(seed, tasks, config, jobs=1, judge=judge,
+    run_eval(seed, tasks, config, jobs=1, judge=judge,
              on_progress=lambda n, what: seen.append((n, what)))  # fmt: skip
     assert sum(n for n, _ in seen) == len(tasks.questions)
     lines = [what or "" for _, what in seen]

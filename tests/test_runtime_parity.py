@@ -1,6 +1,6 @@
 """Deployed = evaluated: a BEAM-100K conversation added session by session through the public
 API gives, for every question, ``context()`` equal byte for byte to the retrieved text the
-evaluator scores (``evolve.executor.evaluate``, same program, same embedder), offline and with a
+evaluator scores (``evolve.executor.run_eval``, same program, same embedder), offline and with a
 scripted task model. The two sides share no cache."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import evolve
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
 from evolve.evalsetup import EvalSetup
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
 
@@ -33,7 +33,7 @@ def test_context_equals_the_evaluators_retrieved_text(data_dir: Path, tmp_path: 
         return EvalSetup(cache_dir=str(tmp_path / cache), embedder="hashing",
                             task_model=model, script=task_script)  # fmt: skip
 
-    report = evaluate(PROGRAM, tasks, config("eval-cache"), jobs=1)
+    report = run_eval(PROGRAM, tasks, config("eval-cache"), jobs=1)
     assert report.meta["errors"] == 0
     retrieved = {t.id: t.retrieved or "" for t in report.traces}
 

@@ -352,9 +352,9 @@ def test_syntax_error_raises() -> None:
 
 
 def _keys(
-    source: str = BASE, model: str = "offline", embed: str = "hashing-384", evaluator: str = "v1"
+    source: str = BASE, model: str = "offline", embed: str = "hashing-384", pipeline: str = "v1"
 ) -> StageKeys:
-    return StageKeys(fingerprints(source), model, embed, evaluator)
+    return StageKeys(fingerprints(source), model, embed, pipeline)
 
 
 def _every_key(keys: StageKeys) -> list[str]:
@@ -364,16 +364,16 @@ def _every_key(keys: StageKeys) -> list[str]:
     return [extract, index, plan, retrieve, keys.answer(retrieve, "Where?")]
 
 
-def test_every_key_carries_the_evaluator_version() -> None:
+def test_every_key_carries_the_pipeline_version() -> None:
     base = _every_key(_keys())
     assert _every_key(_keys()) == base
-    assert not set(_every_key(_keys(evaluator="v2"))) & set(base)
+    assert not set(_every_key(_keys(pipeline="v2"))) & set(base)
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        (session, "EVALUATOR_VERSION", "2"),
+        (session, "PIPELINE_VERSION", "2"),
         (prompts, "EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
         (prompts, "PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
         (prompts, "ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
@@ -382,27 +382,27 @@ def test_every_key_carries_the_evaluator_version() -> None:
         (session, "TRUNCATION", "suffix"),
     ],
 )
-def test_evaluator_version_follows_what_shapes_outputs(
+def test_pipeline_version_follows_what_shapes_outputs(
     monkeypatch: pytest.MonkeyPatch, change: tuple[Any, str, Any]
 ) -> None:
-    base = session.evaluator_version()
+    base = session.pipeline_version()
     monkeypatch.setattr(*change)
-    assert session.evaluator_version() != base
+    assert session.pipeline_version() != base
 
 
 @pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
-def test_evaluator_version_follows_library_versions(
+def test_pipeline_version_follows_library_versions(
     other_version: Callable[[str], None], library: str
 ) -> None:
-    base = session.evaluator_version()
+    base = session.pipeline_version()
     other_version(library)
-    assert session.evaluator_version() != base
+    assert session.pipeline_version() != base
 
 
-def test_evaluator_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = session.evaluator_version()
+def test_pipeline_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = session.pipeline_version()
     monkeypatch.setattr(session.Embedder, "name", "all-MiniLM-L12-v2")
-    assert session.evaluator_version() != base
+    assert session.pipeline_version() != base
 
 
 def test_stage_keys_extract() -> None:

@@ -1,9 +1,10 @@
-"""``evolve cache``: what the cache folder holds, and pruning what no current evaluator reads.
+"""``evolve cache``: what the cache folder holds, and pruning what no current pipeline version
+reads.
 
-Owns :func:`add_command` and :func:`cmd_cache`. The stage store keeps one folder per evaluator
+Owns :func:`add_command` and :func:`cmd_cache`. The stage store keeps one folder per pipeline
 version under each stage (:mod:`evolve.stagecache`); an entry of another version, or of the
-layout before version folders, is never read by this version's evaluator
-(:func:`evolve.session.evaluator_version` is in every key), so ``--prune`` removes those
+layout before version folders, is never read by this pipeline version
+(:func:`evolve.session.pipeline_version` is in every key), so ``--prune`` removes those
 folders. The other caches (embeddings, LLM replies, ceilings) are keyed by their content and
 stay readable across versions; they are shown, never pruned here.
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.cli.common import UsageError, default_cache_dir, out
-from evolve.session import evaluator_version
+from evolve.session import pipeline_version
 from evolve.stagecache import stage_usage, stale_folders
 
 
@@ -34,7 +35,7 @@ def add_command(sub: Any) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--prune", action="store_true",
-        help="remove the stage outputs of other evaluator versions (no current one reads them)",
+        help="remove the stage outputs of other pipeline versions (no current one reads them)",
     )  # fmt: skip
 
 
@@ -52,11 +53,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     root = Path(args.cache_dir) if args.cache_dir is not None else default_cache_dir()
     if not root.is_dir():
         raise UsageError(f"no cache folder at {root}")
-    version = evaluator_version()
+    version = pipeline_version()
     stages = root / "stages"
     usage = stage_usage(stages, version)
     out.print(f"cache {root}")
-    out.print(f"stages, this evaluator version: {usage.current_entries:,} entries, "
+    out.print(f"stages, this pipeline version: {usage.current_entries:,} entries, "
               f"{_mib(usage.current_bytes)}")  # fmt: skip
     out.print(f"stages, other versions (unreadable now): {usage.stale_entries:,} entries, "
               f"{_mib(usage.stale_bytes)}")  # fmt: skip

@@ -151,7 +151,7 @@ def judge_client(name: str | None, api_base: str | None, config: EvalSetup) -> A
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from evolve.evalsetup import EvalSetup, reset_endpoint
-    from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
+    from evolve.executor import OFFLINE_MODE, EvalError, run_eval, write_run
     from evolve.trace import first_error
 
     read_program(args.program)
@@ -188,7 +188,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     with ProgressBar(len(tasks.questions), not args.no_progress) as advance:
         try:
-            report = evaluate(
+            report = run_eval(
                 args.program,
                 tasks,
                 config,

@@ -56,8 +56,8 @@ from evolve.datasets.guards import DEFAULT_GUARDS, parse_guard
 from evolve.datasets.types import DataError
 from evolve.evolution.archive import MARGIN
 from evolve.evolution.budget import estimate, read_spend
+from evolve.evolution.constants import rebuild_names
 from evolve.evolution.manifest import build_manifest
-from evolve.evolution.offline import rebuild_names
 from evolve.evolution.store import RunLocked, RunNotFound, RunStore
 from evolve.evolution.summary import transfer, transfer_lines
 from evolve.models.llm import LLMError
@@ -80,7 +80,7 @@ def add_command(sub: Any) -> None:
     run.add_argument(
         "--coder",
         default=None,
-        help="coding LLM as a litellm id (default: --model); 'none' = the offline proposer",
+        help="coding LLM as a litellm id (default: --model); 'none' = the constant proposer",
     )
     run.add_argument(
         "--rounds",
@@ -143,14 +143,14 @@ def add_command(sub: Any) -> None:
     run.add_argument(
         "--index-moves",
         action="store_true",
-        help="let offline search move the constants extraction and indexing read (chunk "
+        help="let constant search move the constants extraction and indexing read (chunk "
         "sizes); each such child encodes every conversation again",
     )
     run.add_argument(
         "--search-seed",
         type=non_negative_int,
         default=0,
-        help="seed of the run's random choices (offline search, sampled cases); a run repeated "
+        help="seed of the run's random choices (constant search, sampled cases); a run repeated "
         "with other seeds shows how much its outcome varies (default 0)",
     )
     run.add_argument(
@@ -188,7 +188,7 @@ def add_command(sub: Any) -> None:
         "--offline-search",
         choices=["optuna", "random"],
         default="optuna",
-        help="offline proposer: model-based TPE search (default) or seeded random mutation",
+        help="constant proposer: model-based TPE search (default) or seeded random mutation",
     )
     add_run_options(run)
     run.set_defaults(bench=None)  # unset: a new run's default is beam; a resumed run keeps its own
@@ -306,7 +306,7 @@ def _slice(given: int | str | None, bench: str) -> int | None:
 
 
 def _kept(config: RunConfig) -> str:
-    """What the offline proposer keeps of the seed's constants, for the run's first lines."""
+    """What the constant proposer keeps of the seed's constants, for the run's first lines."""
     if config.index_moves:
         return ""
     try:  # a resumed run's seed file may be gone or changed since: then nothing is named
@@ -406,7 +406,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     held.append(store)
     seed = Path(config.seed_program).name
     if config.coder_model is None:
-        err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
+        err.print(f"[bold yellow]no coder model configured — constant search:[/] the constant "
                   f"proposer mutates {seed}'s tunable constants{_kept(config)} "
                   f"(run {store.run_id})")  # fmt: skip
     else:

@@ -1,7 +1,7 @@
 """Evaluating candidates of a run: sandbox, score on the splits, file (docs/design.md §4).
 
 Owns :class:`Evaluator`. The children of a round are handed over together and evaluated
-together: one thread per child and split calls :func:`evolve.executor.evaluate` on the run's
+together: one thread per child and split calls :func:`evolve.executor.run_eval` on the run's
 one backend, so the conversation jobs of all of them are queued on the loky pool (or Ray) at
 once, never one program or split after another. Results are filed by the calling thread as each
 child finishes; only it writes the store. With ``RunConfig.cascade`` (never for the seed) each
@@ -48,7 +48,7 @@ from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, EvalReport, ProgressFn, evaluate
+from evolve.executor import EvalError, EvalReport, ProgressFn, run_eval
 from evolve.models.llm import LLMClient
 from evolve.trace import first_error
 from sandbox.check import CheckedProgram, CheckReport, check_program
@@ -230,7 +230,7 @@ class Evaluator:
             row = slot * len(splits) + i
             on_progress = self.progress and self.progress(row, label, len(tasks.questions))
             judge = self.judge.view() if self.judge else None  # its own records: its calls only
-            return evaluate(job.program, tasks, setup, judge=judge, backend=backend,
+            return run_eval(job.program, tasks, setup, judge=judge, backend=backend,
                             on_progress=on_progress,
                             judge_variant=self.config.judge_variant)  # fmt: skip
 

@@ -41,7 +41,7 @@ from evolve.evolution.export import TEST_SPLIT
 from evolve.evolution.loop import eval_setup, task_set
 from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, ProgressFn, evaluate, write_run
+from evolve.executor import EvalError, ProgressFn, run_eval, write_run
 from evolve.models.clients import role_client
 from evolve.trace import first_error
 
@@ -103,7 +103,7 @@ def freeze(
     tasks = task_set(config, TEST_SPLIT)
     with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
         try:
-            report = evaluate(
+            report = run_eval(
                 store.source_path(meta.id),
                 tasks,
                 setup,

@@ -1,7 +1,7 @@
 """The evolution loop: cold start, refinement, trace-guided integration (docs/design.md §4).
 
 One round = ask the proposer for ``RunConfig.children`` children (K; :class:`~evolve.evolution.
-proposer.Proposer`: the LLM coder when a coder model is configured, else the offline proposer),
+proposer.Proposer`: the LLM coder when a coder model is configured, else the constant proposer),
 one after another, each checked in the sandbox (up to ``RunConfig.repairs`` repair attempts fed
 by the error) and filed; then judge them together (:mod:`evolve.evolution.evaluator`: evaluated
 concurrently on the backend, each screened on the round's train minibatch first when
@@ -25,7 +25,7 @@ their questions carry that bench's native capabilities.
   separately, so they cannot drift from it. Each evaluation stores per-question fitness.
 - **Cold start** revises the best program with no target; **refinement** targets the best
   program's weakest capability on train; **integration** merges the best program with the
-  specialists (the offline proposer crosses constants over; the coder merges code).
+  specialists (the constant proposer crosses constants over; the coder merges code).
 - A child that fails the sandbox after its repairs is filed as ``rejected`` with the sandbox
   report, one the cascade stops as ``stopped``; a child whose proposals never produced a
   program files nothing and logs ``proposal_failed``. Each candidate records the errors of its
@@ -78,20 +78,20 @@ from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
+from evolve.evolution.constants import ConstantProposer
 from evolve.evolution.evaluator import EvalProgress, Evaluator, Phase
-from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_targets
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.tpe import offline_proposer
+from evolve.evolution.tpe import constant_proposer
 from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import Caps, SpendCapReached, write_caps
 from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
-from evolve.session import evaluator_version
+from evolve.session import pipeline_version
 from evolve.stagecache import StageKeys, StageStore
 from evolve.trace import QuestionTrace
 from sandbox.check import CheckReport, check_program
@@ -196,10 +196,10 @@ class Evolution:
         self.proposer: Proposer = (
             CoderProposer(coder, config.fitness())
             if coder is not None
-            else offline_proposer(config, store.root)
+            else constant_proposer(config, store.root)
         )
-        # the offline proposer reads constants and scores, never cases: none are built for it
-        self.builds_cases = not isinstance(self.proposer, OfflineProposer)
+        # the constant proposer reads constants and scores, never cases: none are built for it
+        self.builds_cases = not isinstance(self.proposer, ConstantProposer)
         self._backend: JobBackend | None = None  # started on the first evaluation
         self.judge = judge or role_client("judge", config.judge_model, log_path=log,
                                           cache_path=cache if config.reuse else None,
@@ -393,8 +393,8 @@ class Evolution:
         """Where a case finds the units the program extracted from a train session: the stage
         store (trusted side), under the program's own extraction keys."""
         fps = fingerprints(source)
-        keys = StageKeys(fps, self.setup.model_sig, self.config.embedder, evaluator_version())
-        stages = StageStore(Path(self.config.cache_dir) / "stages", version=keys.evaluator)
+        keys = StageKeys(fps, self.setup.model_sig, self.config.embedder, pipeline_version())
+        stages = StageStore(Path(self.config.cache_dir) / "stages", version=keys.pipeline_version)
         convs = {c.id: c for c in self.tasks("train").conversations}
 
         def units(conv_id: str, i: int) -> list[dict[str, Any]] | None:

@@ -21,7 +21,7 @@ Invariants:
 - **Said once, never silent.** With no task model the runtime uses the offline stand-ins (one
   unit per message, the question as the query, no answer) and says so in one line; when the
   program is an export whose header records another mode, task model, embedder, precision or
-  evaluator version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
+  pipeline version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
   says so in one line naming each difference.
 - **One user's writes take turns, reads run together** (:mod:`.scopes`): an ``add`` waits for
   the user's reads in progress and holds later ones back until it returns, so a read sees
@@ -57,7 +57,7 @@ from evolve.pipeline import Pipeline
 from evolve.runtime.log import LogError
 from evolve.runtime.scopes import Scopes
 from evolve.runtime.store import Deployment, Store, StoreError
-from evolve.session import evaluator_version
+from evolve.session import pipeline_version
 from sandbox.check import check_program
 from sandbox.isolate import HostFailure, ProgramFailure
 
@@ -137,8 +137,8 @@ class AgentMemory:
         self.config = config
         task = config.task_model.model if config.task_model else None
         running = ScoredAs(OFFLINE if task is None else ONLINE, task, config.embedder,
-                           precision(), evaluator_version())  # fmt: skip
-        self.deployment = Deployment(digest, CONTRACT_VERSION, running.evaluator_version, task,
+                           precision(), pipeline_version())  # fmt: skip
+        self.deployment = Deployment(digest, CONTRACT_VERSION, running.pipeline_version, task,
                                      config.embedder, running.precision)  # fmt: skip
         try:
             self.store = Store(root, self.deployment, source)
