@@ -2,7 +2,7 @@
 
 Evaluates a program the way ``evolve run`` evaluates its seed (offline, train then valid, the
 first N conversations of each, 2 workers) from empty stage and embedding caches, and prints per
-split the wall time, the workers' seconds per stage (extraction, indexing, planning — which
+split the wall time, the workers' seconds per step (extraction, indexing, planning — which
 includes starting the program host —, retrieval), the texts the workers encoded and how long
 that took, and the parent's scoring encode (evidence similarity embeds the evidence messages
 and every retrieved block).
@@ -46,7 +46,7 @@ def cold_seed(program: Path, data_dir: Path, conversations: int, jobs: int) -> N
         stages = ", ".join(f"{k} {v:.1f}" for k, v in report.work["stage_seconds"].items() if v)
         print(f"{split}: {len(tasks.conversations)} conversations, {len(tasks.questions)} "
               f"questions, {wall:.1f} s wall")  # fmt: skip
-        print(f"  worker seconds per stage (summed over workers): {stages}")
+        print(f"  worker seconds per step (summed over workers): {stages}")
         print(f"  worker encode: {emb.get('encoded', 0):.0f} texts in "
               f"{emb.get('encode_seconds', 0):.1f} s")  # fmt: skip
         print(f"  parent scoring encode: {parent.stats.encoded} texts in "

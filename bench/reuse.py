@@ -1,8 +1,8 @@
-"""Benchmark: stage reuse (a measurement script, not a test; latency is ``bench/scale.py``'s).
+"""Benchmark: step reuse (a measurement script, not a test; latency is ``bench/scale.py``'s).
 
 Prints a full evaluation of a program on a split with empty stage and embedding caches, then a
 retrieval-only revision of it (one retrieval constant changed) on the same caches: wall time,
-stage counters and texts embedded for each, and their ratio.
+step counters and texts embedded for each, and their ratio.
 
     python bench/reuse.py --data-dir ../shared/data [--program seeds/hybrid.py] [--split valid]
 """
@@ -47,9 +47,9 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
         rows.append((label, wall, report))
         stages = " ".join(f"{s}={c['computed']}/{c['reused']}" for s, c in report.stages.items())
         emb = report.work["worker_embedding"]
-        print(f"{label:>15}: {wall:7.1f} s  stages computed/reused: {stages}")
+        print(f"{label:>15}: {wall:7.1f} s  steps computed/reused: {stages}")
         print(f"{'':>15}  worker texts embedded {emb.get('encoded', 0):.0f} "
-              f"(cache hits {emb.get('cache_hits', 0):.0f}); stage seconds "
+              f"(cache hits {emb.get('cache_hits', 0):.0f}); step seconds "
               f"{report.work['stage_seconds']}")  # fmt: skip
     full, part = rows[0][1], rows[1][1]
     print(f"retrieval-only re-evaluation takes {part / full:.1%} of the full one "

@@ -2,7 +2,7 @@
 
 Owns :data:`REFERENCE_PROGRAMS` and :func:`compare_programs`. Each program is evaluated with
 :func:`evolve.executor.run_eval` exactly as ``evolve eval`` would (same sandbox check, same
-stage reuse, same scoring); the comparison adds what a user weighs against the scores: the
+step reuse, same scoring); the comparison adds what a user weighs against the scores: the
 context a program hands to the answer model (characters and estimated tokens per question) and
 how long ``retrieve()`` takes, and the coverage ceiling of the split (the same for every
 program: the gold evidence packed into the budget).

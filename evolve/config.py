@@ -86,7 +86,7 @@ class RunConfig(BaseModel):
     llm_timeout: PositiveFloat = 120.0  # seconds one LLM request may take (then retried)
     max_usd: float | None = Field(default=None, ge=0)
     max_tokens: NonNegativeInt | None = None
-    reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
+    reuse: bool = True  # False: every evaluation recomputes every step (a measurement baseline)
     repairs: NonNegativeInt = REPAIRS  # repair attempts after a proposal that fails
     children: PositiveInt = CHILDREN  # children per round, evaluated concurrently
     cascade: bool = True  # screen each child on a train minibatch before full train + valid

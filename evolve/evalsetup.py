@@ -42,13 +42,13 @@ class EvalSetup:
     embedder: str = "minilm"  # "minilm" or "hashing" (test double, chosen explicitly)
     call_prefix: str = "eval"  # task-model calls are labelled "<call_prefix>/extract", ...
     max_complete_calls: int = 8
-    step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
+    call_timeout: float = 120.0  # wall clock for one hook or retrieve call in the host
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
-    reuse: bool = True  # False: no stage output or task reply of another evaluation is reused
+    reuse: bool = True  # False: no step output or task reply of another evaluation is reused
     llm_concurrency: int = DEFAULT_CONCURRENCY  # LLM requests in flight, whole run, per machine
     llm_timeout: float = 120.0  # seconds one LLM request may take before it is retried
-    # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through the
+    # Tests only: a picklable ``(role, purpose, messages) -> reply`` answering through the
     # ``scripted`` test double (evolve.models.clients) instead of litellm. Never set from the
     # command line.
     script: Callable[..., str] | None = None

@@ -3,8 +3,8 @@
 The executor is the parent side of execution (docs/design.md §2). It never runs program code itself:
 each conversation is a job for :func:`evolve.session.run_conversation` on a backend
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
-model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
-stage store; the executor sums their counters, scores every question here with
+model loads once per worker, or a Ray cluster). Workers decide per step what to reuse from the
+step store; the executor sums their counters, scores every question here with
 :mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.retrieval` (the
 diagnostics beside it) and, when the task model answered, with the benchmark's answer
 scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent) — scoring code
@@ -88,6 +88,10 @@ class EvalError(Exception):
 
 @dataclass
 class EvalReport:
+    """One evaluation's report. ``stages`` holds the step counters (computed, reused, ...) per
+    pipeline step and ``work["stage_seconds"]`` the seconds per step: both keep the names
+    reports and stored candidate scores were written with."""
+
     meta: dict[str, Any]
     scores: dict[str, Any]
     stages: dict[str, dict[str, int]]
@@ -109,7 +113,7 @@ EVENTS = ("window", "session", "indexing", "indexed", "restored", "question")  #
 class WorkerEvents:
     """What the workers of one evaluation reported so far, as one line for a progress display:
     sessions extracted, extraction windows the task model answered, memories indexed (and
-    which conversations are being indexed now) or restored from the stage store, judge calls;
+    which conversations are being indexed now) or restored from the step store, judge calls;
     nothing (None) before the first of them."""
 
     def __init__(self, tasks: TaskSet) -> None:
@@ -150,7 +154,7 @@ def run_eval(
     backend: JobBackend | None = None,
     judge_variant: Variant = "described",
 ) -> EvalReport:
-    """Run every stage for every question of ``tasks``, score the retrieved text and, when the
+    """Run every step for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge), then each question's
     fitness under the mode this evaluation is in (:func:`evolve.scoring.fitness.choose`;
@@ -378,23 +382,23 @@ def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
     outcomes = ("computed", "reused", "failed", "skipped", "invalid", "unstored")
     total = {c: dict.fromkeys(outcomes, 0) for c in COMPONENTS}
     for counters in all_counters:
-        for stage, counts in counters.items():
+        for step, counts in counters.items():
             for outcome, n in counts.items():
-                total[stage][outcome] += n
+                total[step][outcome] += n
     return total
 
 
 def _sum_usage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role: the :meth:`~evolve.models.usage.Tally.summary` and calls per stage label."""
-    out = {role: {**t.summary(), "stages": {}} for role, t in by_role(records).items()}
+    """Per role: the :meth:`~evolve.models.usage.Tally.summary` and calls per purpose."""
+    out = {role: {**t.summary(), "purposes": {}} for role, t in by_role(records).items()}
     for r in records:
-        stages = out[r["role"]]["stages"]
-        stages[r["stage"]] = stages.get(r["stage"], 0) + 1
+        purposes = out[r["role"]]["purposes"]
+        purposes[r["purpose"]] = purposes.get(r["purpose"], 0) + 1
     return out
 
 
 def _sum_work(results: Any) -> dict[str, Any]:
-    """Seconds per stage and embedding work, summed over the workers' jobs."""
+    """Seconds per step and embedding work, summed over the workers' jobs."""
     seconds: dict[str, float] = {}
     embedding: dict[str, float] = {}
     for r in results:

@@ -28,14 +28,14 @@ from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
-from evolve.stagecache import unframe
+from evolve.stepcache import unframe
 from sandbox.check import CheckedProgram
 from sandbox.fingerprint import fingerprints
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 # dense, with a retrieval that numbers its calls: the text depends on the order of host calls.
 # Its retrieve changes the memory, which the sandbox's checks refuse; it is handed to the
-# evaluator as checked (a program that slipped past them), since the order must hold anyway.
+# evaluation as checked (a program that slipped past them), since the order must hold anyway.
 COUNTING = (SEEDS / "dense.py").read_text().replace(
     "    def retrieve(self, query):\n",
     "    asked = 0\n\n    def retrieve(self, query):\n        self.asked += 1\n",
@@ -49,12 +49,12 @@ def unchecked(source: str, path: Path) -> CheckedProgram:
     return CheckedProgram(source, str(path), digest, fingerprints(source))
 
 
-def jittery_task(role: str, stage: str, messages: list[Message]) -> str:
+def jittery_task(role: str, purpose: str, messages: list[Message]) -> str:
     time.sleep(random.uniform(0, 0.02))
-    return task_script(role, stage, messages)
+    return task_script(role, purpose, messages)
 
 
-def jittery_judge(role: str, stage: str, messages: list[Message]) -> str:
+def jittery_judge(role: str, purpose: str, messages: list[Message]) -> str:
     time.sleep(random.uniform(0, 0.01))
     prompt = str(messages[-1]["content"])
     return json.dumps({"score": (0, 0.5, 1)[len(prompt) % 3]})  # varies by item and variant
@@ -82,7 +82,7 @@ def _evaluate(
     traces = [json.loads(t.to_json()) for t in report.traces]
     for t in traces:
         t.pop("retrieve_ms")  # wall-clock time, not a result
-    calls = {role: u["stages"] for role, u in report.usage.items()}
+    calls = {role: u["purposes"] for role, u in report.usage.items()}
     return {"traces": traces, "scores": report.scores, "stages": report.stages, "calls": calls,
             "store": _store(cache / "stages")}  # fmt: skip
 

@@ -331,7 +331,7 @@ def test_report_is_self_contained_and_renders(
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120, check=True).stdout  # fmt: skip
     for title in ("Capability × candidate", "Lineage", "Best valid fitness so far", "Spend",
-                  "Stage cache", "Integration"):  # fmt: skip
+                  "Step cache", "Integration"):  # fmt: skip
         assert f"{title}" in dom
     assert "<svg" in dom and "<polyline" in dom
     shot = tmp_path / "report.png"

@@ -97,16 +97,16 @@ def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSe
     # a question that failed (a step past its time limit on a loaded machine) makes no plan or
     # answer call: say so, rather than fail the counts below without a reason
     assert [t.error for t in base["traces"]] == [None] * len(tasks.questions)
-    stages = base["usage"]["task"]["stages"]
-    assert stages["eval/extract"] >= len(tasks.conversations[0].sessions)
-    assert stages["eval/plan"] == stages["eval/answer"] == len(tasks.questions)
+    purposes = base["usage"]["task"]["purposes"]
+    assert purposes["eval/extract"] >= len(tasks.conversations[0].sessions)
+    assert purposes["eval/plan"] == purposes["eval/answer"] == len(tasks.questions)
     assert base["meta"]["mode"] == "online"
     assert all(t.answer == "This is a scripted answer." for t in base["traces"])
 
     child = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, cache, **online)
-    stages = child["usage"]["task"]["stages"]
-    assert "eval/extract" not in stages and "eval/plan" not in stages
-    assert stages["eval/answer"] == len(tasks.questions)
+    purposes = child["usage"]["task"]["purposes"]
+    assert "eval/extract" not in purposes and "eval/plan" not in purposes
+    assert purposes["eval/answer"] == len(tasks.questions)
 
 
 def test_reuse_off_recomputes_every_stage_and_task_call(tasks: TaskSet, tmp_path: Path):
@@ -120,7 +120,7 @@ def test_reuse_off_recomputes_every_stage_and_task_call(tasks: TaskSet, tmp_path
     assert child["stages"]["extract"] == base["stages"]["extract"]
     for stage in ("extract", "index", "plan", "retrieve", "answer"):
         assert child["stages"][stage]["reused"] == 0
-    assert child["usage"]["task"]["stages"] == base["usage"]["task"]["stages"]
+    assert child["usage"]["task"]["purposes"] == base["usage"]["task"]["purposes"]
     assert child["usage"]["task"]["calls"] == base["usage"]["task"]["calls"] > 0
     reused = run(path, tasks, cache, **online)
     assert reused["stages"]["retrieve"]["reused"] == len(tasks.questions)  # stored all the same
@@ -191,7 +191,7 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
         tmp_path, "hang", "        if not self.blocks:\n", code + "        if not self.blocks:\n"
     )
     cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
-                       step_seconds=3.0)  # fmt: skip
+                       call_timeout=3.0)  # fmt: skip
     start = time.monotonic()
     report = run_eval(path, tasks, cfg, jobs=1)
     assert time.monotonic() - start < 60
@@ -242,8 +242,8 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
     from evolve.models.llm import Models
     from evolve.models.testing import ScriptedLLM
 
-    judge = ScriptedLLM(lambda role, stage, messages: (
-        "NO" if stage == "beam/align" else '{"score": 0.5, "reason": "partly"}'),
+    judge = ScriptedLLM(lambda role, purpose, messages: (
+        "NO" if purpose == "beam/align" else '{"score": 0.5, "reason": "partly"}'),
         models=Models(judge=ModelConfig(model="scripted-judge")))  # fmt: skip
     cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
                        embedder="hashing", script=task_script)  # fmt: skip

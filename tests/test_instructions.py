@@ -46,10 +46,10 @@ def test_styled_instructions_reach_every_prompt_through_a_model(
     prompts: list[tuple[str, str]] = []
     lock = threading.Lock()
 
-    def recording(role: str, stage: str, messages: list[Message]) -> str:
+    def recording(role: str, purpose: str, messages: list[Message]) -> str:
         with lock:
-            prompts.append((stage, str(messages[-1].get("content", ""))))
-        return fake_script(role, stage, messages)
+            prompts.append((purpose, str(messages[-1].get("content", ""))))
+        return fake_script(role, purpose, messages)
 
     path = tmp_path / "styled.py"
     path.write_text(STYLED)
@@ -61,12 +61,12 @@ def test_styled_instructions_reach_every_prompt_through_a_model(
     assert all(t.answer for t in report.traces)
     marks = {"extract": "QXTR Read the conversation", "plan": "QPLN Rewrite the question",
              "answer": "QANS two Answer the question"}  # fmt: skip
-    seen = {stage.rsplit("/", 1)[-1] for stage, _ in prompts}
+    seen = {purpose.rsplit("/", 1)[-1] for purpose, _ in prompts}
     assert {"extract", "plan", "answer"} <= seen
-    for stage, prompt in prompts:
-        kind = stage.rsplit("/", 1)[-1]
+    for purpose, prompt in prompts:
+        kind = purpose.rsplit("/", 1)[-1]
         if kind in marks:
-            assert prompt.startswith(marks[kind]), (stage, prompt[:80])
+            assert prompt.startswith(marks[kind]), (purpose, prompt[:80])
             assert "a first plan" not in prompt
 
 

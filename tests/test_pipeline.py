@@ -37,7 +37,7 @@ def conversation(data_dir: Path) -> TaskSet:
 def pipeline_for(source: str, path: str, config: EvalSetup) -> Pipeline:
     return Pipeline(source, path, llm=make_llm(config), embedder=HashingEmbedder(),
                     call_prefix=config.call_prefix, max_complete_calls=config.max_complete_calls,
-                    step_seconds=config.step_seconds)  # fmt: skip
+                    call_timeout=config.call_timeout)  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", ["hybrid.py", "dense.py"])
@@ -112,13 +112,13 @@ def test_a_failed_memory_is_not_built_again_for_every_question(
     extractions = 0
     lock = threading.Lock()
 
-    def script(role: str, stage: str, messages: list[Message]) -> str:
+    def script(role: str, purpose: str, messages: list[Message]) -> str:
         nonlocal extractions
-        if stage == "fake/extract":
+        if purpose == "fake/extract":
             with lock:
                 extractions += 1
             return '{"units": "none"}'
-        return fake_script(role, stage, messages)
+        return fake_script(role, purpose, messages)
 
     def run(questions: int, cache: Path) -> tuple[int, list[str]]:
         nonlocal extractions

@@ -120,8 +120,8 @@ def test_an_evaluation_with_a_task_model_and_a_judge_reports_windows_and_judge_c
     from evolve.models.llm import ModelConfig, Models
     from evolve.models.testing import ScriptedLLM, task_script
 
-    def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        return "NO" if stage == "beam/align" else json.dumps({"score": 1.0, "reason": "ok"})
+    def judge_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        return "NO" if purpose == "beam/align" else json.dumps({"score": 1.0, "reason": "ok"})
 
     seed = Path(__file__).resolve().parents[1] / "seeds" / "simple.py"
     run = RunConfig(data_dir=str(beam_slice), seed_program=str(seed),

@@ -93,7 +93,7 @@ def test_the_build_key_is_the_one_existing_stores_were_written_with():
     """The pipeline version is hashed under its stored name (``evaluator_version``), so the
     snapshots of a store written before the rename keep their build key."""
     assert deployment().key() == "019e2fda956e9ddfd72a2c26"
-    assert "evaluator_version" in deployment().record()
+    assert "evaluator_version" in deployment().as_stored()
 
 
 def test_snapshots_by_build_and_position(tmp_path: Path):

@@ -1,6 +1,6 @@
 """Deployed = evaluated: a BEAM-100K conversation added session by session through the public
 API gives, for every question, ``context()`` equal byte for byte to the retrieved text the
-evaluator scores (``evolve.executor.run_eval``, same program, same embedder), offline and with a
+evaluation scores (``evolve.executor.run_eval``, same program, same embedder), offline and with a
 scripted task model. The two sides share no cache."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PROGRAM = Path(__file__).resolve().parents[1] / "seeds" / "dense.py"
 
 
 @pytest.mark.parametrize("mode", ["offline", "scripted"])
-def test_context_equals_the_evaluators_retrieved_text(data_dir: Path, tmp_path: Path, mode: str):
+def test_context_equals_the_evaluations_retrieved_text(data_dir: Path, tmp_path: Path, mode: str):
     conv, questions = load_conversation(data_dir, "100K", "1")
     tasks = TaskSet("beam", "parity", (conv,), tuple(questions))
 

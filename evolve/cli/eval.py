@@ -366,7 +366,7 @@ def _print_report(report: dict[str, Any]) -> None:
     stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
                        + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
                        for s, c in report["stages"].items())  # fmt: skip
-    out.print(f"stages (computed/reused): {stages}")
+    out.print(f"steps (computed/reused): {stages}")
     for conv, why in (meta.get("unstored_memory") or {}).items():
         out.print(f"[yellow]memory of {escape(conv)} not stored, rebuilt every evaluation:[/] "
                   f"{escape(why)}")  # fmt: skip

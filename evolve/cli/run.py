@@ -119,8 +119,8 @@ def add_command(sub: Any) -> None:
     run.add_argument(
         "--no-reuse",
         action="store_true",
-        help="recompute every stage and task-model reply in every evaluation (the baseline "
-        "stage reuse is measured against; bench/run_reuse.py)",
+        help="recompute every step and task-model reply in every evaluation (the baseline "
+        "step reuse is measured against; bench/run_reuse.py)",
     )
     run.add_argument(
         "--children",
@@ -508,7 +508,7 @@ def _rebuild_lost_log(store: RunStore, config: RunConfig) -> float | None:
     costs = store.load_state().get("round_costs", [])
     usd = sum(float(c.get("usd", 0.0)) for c in costs)
     tokens = int(sum(float(c.get("tokens", 0)) for c in costs))
-    record = UsageRecord(ts=time.time(), role=calllog.REBUILT, stage="lost call log",
+    record = UsageRecord(ts=time.time(), role=calllog.REBUILT, purpose="lost call log",
                          model="unknown", prompt_tokens=tokens, completion_tokens=0,
                          cost_usd=usd, latency_s=0.0, cached=False, request_hash="rebuilt",
                          error=None)  # fmt: skip

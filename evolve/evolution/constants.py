@@ -71,7 +71,7 @@ Value = int | float | bool
 
 ATTEMPTS = 5  # mutation seeds tried per round before accepting a child the run already holds
 EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a choice
-# Components whose outputs every later stage is built on: a child that changes one is encoded
+# Components whose outputs every later step is built on: a child that changes one is encoded
 # again in full (docs/performance.md, "The default run": 103-216 s a child, against 2-18 s)
 REBUILD = frozenset({"extract", "index"})
 GUIDED_PROBABILITY = 0.7

@@ -11,14 +11,14 @@ child is screened on the round's minibatch first (the rules are :mod:`evolve.evo
   scores (``scores["minibatch"]``), the reason (in its message and ``cascade``) and its seconds,
   and costs nothing more; it is never an archive member (only ``evaluated`` ones are);
 - otherwise it is *promoted*: its screen is recorded (``cascade["verdict"] == "promoted"``,
-  status still ``proposed``) and it gets the full train + valid evaluation, where stage reuse
-  serves the minibatch conversations' stages.
+  status still ``proposed``) and it gets the full train + valid evaluation, where step reuse
+  serves the minibatch conversations' steps.
 
 **Guard sets** (:mod:`evolve.datasets.guards`, the archive's rule): the seed's full
 evaluation covers every guard of the run too (its figures are computed once). After a round's
 children are filed, :meth:`Evaluator.guard` replays the archive; while it names a challenger
 that won valid but has no guard figures (``Archive.pending``), that one candidate is evaluated
-on the guards (phase ``guard``: the same backend, stage reuse, task model and judge as valid,
+on the guards (phase ``guard``: the same backend, step reuse, task model and judge as valid,
 no diagnosis), its blocks filed under ``guard:<name>`` with the guard tests it met
 (``guards``), and the archive replayed again. A child the cascade stopped never reaches it, and
 only a candidate that would otherwise be promoted is ever scored on a guard.
@@ -72,7 +72,7 @@ def score_block(result: EvalReport) -> dict[str, Any]:
         "questions": question_fitness(result.traces),
         "question_capabilities": {t.id: t.capability for t in result.traces},
         "diagnostics": result.scores.get("diagnostics"),
-        "stages": result.stages,  # computed / reused per cached stage
+        "stages": result.stages,  # computed / reused per cached step
     }
 
 
@@ -223,7 +223,7 @@ class Evaluator:
         each split's progress has a display row of its own."""
 
         def one(i: int, name: str, tasks: TaskSet) -> EvalReport:
-            # stage diagnostics steer cold start: computed for the seed and its revisions
+            # step diagnostics steer cold start: computed for the seed and its revisions
             diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
             setup = dataclasses.replace(self.setup, diagnose=diagnose)
             label = f"{job.candidate.id} {name.removeprefix('guard:')}"

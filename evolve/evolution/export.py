@@ -8,7 +8,7 @@ Invariants:
 
 - **An export is the candidate plus comments.** The file is the candidate's source byte for byte
   with a block of ``#`` lines inserted after any shebang / encoding line, so its AST — hence its
-  stage-cache fingerprints and cached stage outputs — equals the candidate's, and removing the
+  step-cache fingerprints and cached step outputs — equals the candidate's, and removing the
   header block (and the blank line after it) gives back the source whose sha256 it records.
   It must pass the sandbox check before anything is written; an existing file is replaced only
   when asked, atomically.
@@ -16,7 +16,7 @@ Invariants:
   per message, the question as the query, the three instructions never run; or with a task
   model), the task model, the embedder, and the embedding precision and pipeline version
   (:func:`evolve.session.pipeline_version`) of the installation that exports it, which are
-  those its scores came from when the run was scored there (the stage cache keys every output
+  those its scores came from when the run was scored there (the step cache keys every output
   on them). :func:`read_scored_as` parses that block back (:class:`ScoredAs`), reading the
   ``evaluator version`` line older exports wrote as the pipeline version; the runtime compares
   it with what it runs (:mod:`evolve.runtime`).

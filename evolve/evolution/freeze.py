@@ -15,7 +15,7 @@ Invariants:
 - **A test score is complete or absent.** If any test question fails (a program error, or a
   host killed for time on an overloaded machine), nothing is recorded and the candidate is not
   frozen: a partial score would describe the machine, not the program. Traces are written to
-  ``freeze-<id>/`` either way, and the stage cache keeps what was computed.
+  ``freeze-<id>/`` either way, and the step cache keeps what was computed.
 - **The test tasks match the run's.** Same restriction to the first ``conversations``
   conversations as the loop's (:func:`evolve.evolution.loop.task_set`), the run's embedder,
   cache and task model unless the caller overrides them
@@ -125,7 +125,7 @@ def freeze(
         first = first_error(report.traces)
         raise FreezeError(
             f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
-            f"(first: {first[:200]}); no test score was recorded — stages computed so far are "
+            f"(first: {first[:200]}); no test score was recorded — steps computed so far are "
             f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"
         )
     block = {

@@ -5,7 +5,7 @@ proposer.Proposer`: the LLM coder when a coder model is configured, else the con
 one after another, each checked in the sandbox (up to ``RunConfig.repairs`` repair attempts fed
 by the error) and filed; then judge them together (:mod:`evolve.evolution.evaluator`: evaluated
 concurrently on the backend, each screened on the round's train minibatch first when
-``RunConfig.cascade`` is on, the rest on train and valid with stage reuse). Selection never
+``RunConfig.cascade`` is on, the rest on train and valid with step reuse). Selection never
 reads the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``)
 that :func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so
 their questions carry that bench's native capabilities.
@@ -75,7 +75,7 @@ from evolve.distributed import JobBackend, make_backend
 from evolve.evalsetup import EvalSetup, make_embedder, reset_endpoint
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive
-from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
+from evolve.evolution.budget import Budget, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
 from evolve.evolution.constants import ConstantProposer
@@ -89,10 +89,11 @@ from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import Caps, SpendCapReached, write_caps
+from evolve.models.usage import Tally
 from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
 from evolve.session import pipeline_version
-from evolve.stagecache import StageKeys, StageStore
+from evolve.stepcache import StepKeys, StepStore
 from evolve.trace import QuestionTrace
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints
@@ -390,11 +391,11 @@ class Evolution:
         )
 
     def _units_of(self, source: str) -> UnitsOf:
-        """Where a case finds the units the program extracted from a train session: the stage
+        """Where a case finds the units the program extracted from a train session: the step
         store (trusted side), under the program's own extraction keys."""
         fps = fingerprints(source)
-        keys = StageKeys(fps, self.setup.model_sig, self.config.embedder, pipeline_version())
-        stages = StageStore(Path(self.config.cache_dir) / "stages", version=keys.pipeline_version)
+        keys = StepKeys(fps, self.setup.model_sig, self.config.embedder, pipeline_version())
+        stages = StepStore(Path(self.config.cache_dir) / "stages", version=keys.pipeline_version)
         convs = {c.id: c for c in self.tasks("train").conversations}
 
         def units(conv_id: str, i: int) -> list[dict[str, Any]] | None:

@@ -49,7 +49,7 @@ class Request:
     history: tuple[dict[str, Any], ...] = ()  # earlier revisions (of the target): their effects
     ancestor: CandidateView | None = None  # integration: latest common ancestor of the two
     differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
-    diagnostics: dict[str, Any] | None = None  # the parent's stage diagnostics on train
+    diagnostics: dict[str, Any] | None = None  # the parent's step diagnostics on train
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds, and
     # of this round's earlier children
     child: int = 0  # the index of this child within its round (0 .. RunConfig.children - 1)

@@ -154,8 +154,8 @@ class UsageRecord:
 
     ts: float
     role: str
-    stage: str  # the call's label ("eval/extract", "cold_start/propose"); column ``stage`` of
-    # calls.sqlite: not a pipeline component, not an evolution stage
+    purpose: str  # what the call is for ("eval/extract", "cold_start/propose"); stored in the
+    # ``stage`` column of calls.sqlite (evolve.models.calllog maps the name both ways)
     model: str
     prompt_tokens: int
     completion_tokens: int
@@ -258,7 +258,7 @@ class LLMClient:
     def complete(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         messages: list[Message] | str,
         *,
         json_schema: dict[str, Any] | None = None,
@@ -278,7 +278,7 @@ class LLMClient:
         hit = self._cache_get(key)
         if hit is not None:
             hit = replace(hit, latency_s=time.perf_counter() - began, request_hash=key)
-            self._record(role, stage, hit, key, None, Attempts(None), repair)
+            self._record(role, purpose, hit, key, None, Attempts(None), repair)
             return hit
         if self.breaker is not None:  # the run's endpoint is down: refused, not logged
             self.breaker.check()
@@ -290,20 +290,20 @@ class LLMClient:
                 or (self.breaker is not None and self.breaker.tripped())
             ),
             wait=lambda state: counts.pause(lambda: float(self.retry_wait(state))),
-            before_sleep=lambda state: _say_retry(state, f"{role}/{stage}", config),
+            before_sleep=lambda state: _say_retry(state, f"{role}/{purpose}", config),
             reraise=True,
         )
         with spendcap.admit(self.log_path):  # the run's caps, this call counted in flight
             try:
                 reply = retrying(
-                    self._attempt, counts, role, stage, config, msgs, json_schema, max_tokens
+                    self._attempt, counts, role, purpose, config, msgs, json_schema, max_tokens
                 )
             except Exception as exc:
-                error = f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}"
+                error = f"{role}/{purpose} {config.model}: {type(exc).__name__}: {exc}"
                 error = _redact(error, config)
                 failed = Completion("", 0, 0, None, time.perf_counter() - began, False,
                                     config.model)  # fmt: skip
-                self._record(role, stage, failed, key, error, counts, repair)
+                self._record(role, purpose, failed, key, error, counts, repair)
                 if self.breaker is not None and is_transient(exc):
                     self.breaker.call_failed(_endpoint(config), exc)
                 down = isinstance(exc, EndpointDown)
@@ -311,14 +311,14 @@ class LLMClient:
             reply = replace(reply, latency_s=time.perf_counter() - began, cached=False,
                             request_hash=key)  # fmt: skip
             self._cache_put(key, reply)
-            self._record(role, stage, reply, key, None, counts, repair)
+            self._record(role, purpose, reply, key, None, counts, repair)
         return reply
 
     def _attempt(
         self,
         counts: Attempts,
         role: str,
-        stage: str,
+        purpose: str,
         config: ModelConfig,
         messages: list[Message],
         json_schema: dict[str, Any] | None,
@@ -330,13 +330,13 @@ class LLMClient:
         if self.breaker is None:
             with counts.attempt():
                 return within(config.timeout, lambda: self._transport(
-                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                    role, purpose, config, messages, json_schema=json_schema, max_tokens=max_tokens
                 ))  # fmt: skip
         self.breaker.check()  # tripped by any process of the run since the call began
         try:
             with counts.attempt():
                 reply = within(config.timeout, lambda: self._transport(
-                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                    role, purpose, config, messages, json_schema=json_schema, max_tokens=max_tokens
                 ))  # fmt: skip
         except Exception as exc:
             counted = is_transient(exc) and fault_kind(exc, retry_after(exc)) != "rate_limit"
@@ -348,7 +348,7 @@ class LLMClient:
     def complete_json(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         messages: list[Message] | str,
         schema: dict[str, Any],
         validate: Callable[[Any], T],
@@ -361,7 +361,7 @@ class LLMClient:
         conversation = _as_messages(messages)
         problem = ""
         for _ in range(JSON_ATTEMPTS):
-            reply = self.complete(role, stage, conversation, json_schema=schema,
+            reply = self.complete(role, purpose, conversation, json_schema=schema,
                                   max_tokens=max_tokens, repair=problem != "")  # fmt: skip
             try:
                 return validate(parse_json_reply(reply.text))
@@ -378,7 +378,7 @@ class LLMClient:
                 },
             ]
         raise JSONReplyError(
-            f"{role}/{stage}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}"
+            f"{role}/{purpose}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}"
         )
 
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
@@ -424,7 +424,7 @@ class LLMClient:
     def _transport(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         config: ModelConfig,
         messages: list[Message],
         *,
@@ -524,7 +524,7 @@ class LLMClient:
     def _record(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         reply: Completion,
         key: str,
         error: str | None,
@@ -534,7 +534,7 @@ class LLMClient:
         record = UsageRecord(
             ts=time.time(),
             role=role,
-            stage=stage,
+            purpose=purpose,
             model=reply.model,
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,

@@ -162,7 +162,7 @@ class AgentMemory:
                 return Pipeline(source, path, llm=self._llm, embedder=self._embedder,
                                 call_prefix=config.call_prefix,
                                 max_complete_calls=config.max_complete_calls,
-                                step_seconds=config.step_seconds,
+                                call_timeout=config.call_timeout,
                                 llm_concurrency=config.llm_concurrency)  # fmt: skip
 
             self._scopes = Scopes(self.store, pipeline, max_live=max_live, read_hosts=read_hosts,

@@ -66,7 +66,7 @@ class Deployment:
     embedder: str
     precision: str
 
-    def record(self) -> dict[str, Any]:
+    def as_stored(self) -> dict[str, Any]:
         """The fields as the manifest stores them and :meth:`key` hashes them: the pipeline
         version under ``evaluator_version``, the name stores were written with, so existing
         stores keep their build keys and snapshots."""
@@ -76,7 +76,7 @@ class Deployment:
 
     def key(self) -> str:
         """The build key snapshots are filed under (24 hex digits)."""
-        text = json.dumps(self.record(), sort_keys=True)
+        text = json.dumps(self.as_stored(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -126,7 +126,7 @@ class Store:
             manifest["active"] = sha
         now = datetime.now(UTC).isoformat(timespec="seconds")
         entry = programs.setdefault(sha, {"first_used": now})
-        entry.update({k: v for k, v in deployment.record().items() if k != "program_sha256"})
+        entry.update({k: v for k, v in deployment.as_stored().items() if k != "program_sha256"})
         entry["last_used"] = now
         self.manifest = manifest
         write_atomic(root / "manifest.json", json.dumps(manifest, indent=1).encode(), mode=0o600)

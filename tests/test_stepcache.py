@@ -1,5 +1,5 @@
-"""Stage reuse: component fingerprints (sandbox/fingerprint.py), stage keys and the store
-(evolve/stagecache.py), memory-state pickling (contract/state.py)."""
+"""Step reuse: component fingerprints (sandbox/fingerprint.py), step keys and the store
+(evolve/stepcache.py), memory-state pickling (contract/state.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from contract.program import load_program
 from contract.spec import COMPONENTS
 from contract.state import dump_state, load_state
 from evolve import prompts, session
-from evolve.stagecache import StageKeys, StageStore
+from evolve.stepcache import StepKeys, StepStore
 from sandbox.fingerprint import changed_components, fingerprints
 
 BASE = textwrap.dedent(
@@ -348,16 +348,16 @@ def test_syntax_error_raises() -> None:
         fingerprints("def broken(:\n")
 
 
-# --- StageKeys ----------------------------------------------------------------------------
+# --- StepKeys ----------------------------------------------------------------------------
 
 
 def _keys(
     source: str = BASE, model: str = "offline", embed: str = "hashing-384", pipeline: str = "v1"
-) -> StageKeys:
-    return StageKeys(fingerprints(source), model, embed, pipeline)
+) -> StepKeys:
+    return StepKeys(fingerprints(source), model, embed, pipeline)
 
 
-def _every_key(keys: StageKeys) -> list[str]:
+def _every_key(keys: StepKeys) -> list[str]:
     extract = keys.extract("seg-a")
     index, plan = keys.index([extract]), keys.plan("Where?", None)
     retrieve = keys.retrieve(index, plan)
@@ -455,11 +455,11 @@ def test_keys_of_different_stages_differ() -> None:
     assert len({keys.extract("x"), keys.index(["x"]), keys.plan("x", None)}) == 3
 
 
-# --- StageStore ---------------------------------------------------------------------------
+# --- StepStore ---------------------------------------------------------------------------
 
 
 def test_store_json_round_trip(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     value = [{"content": "a", "date": None, "n": 2, "ok": True}]  # extract: a list of units
     assert store.get_json("extract", "ab" * 32) is None
     assert not store.has("extract", "ab" * 32)
@@ -470,7 +470,7 @@ def test_store_json_round_trip(tmp_path: Path) -> None:
 
 
 def test_store_bytes_round_trip(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     data = pickle.dumps(bytes(range(256)) * 10)  # index: a pickled state
     assert store.get_bytes("index", "cd" * 32) is None
     store.put_bytes("index", "cd" * 32, data)
@@ -480,14 +480,14 @@ def test_store_bytes_round_trip(tmp_path: Path) -> None:
 
 
 def test_store_overwrite(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     store.put_json("plan", "k1", {"q": 1})
     store.put_json("plan", "k1", {"q": 2})
     assert store.get_json("plan", "k1") == {"q": 2}
 
 
 def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     for i in range(5):
         store.put_json("retrieve", f"{i:02d}key", {"i": i})
         store.put_bytes("index", f"{i:02d}key", b"x" * i)
@@ -498,7 +498,7 @@ def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:
 
 
 def test_store_failed_write_leaves_nothing(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     with pytest.raises(TypeError):
         store.put_json("answer", "k2", {"bad": object()})
     assert not store.has("answer", "k2")
@@ -509,7 +509,7 @@ def test_store_failed_write_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_store_corrupt_json_is_a_miss(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     store.put_json("plan", "k4", {"ok": 1})
     path = tmp_path / "plan" / "k4" / "k4.json"
     path.write_text("{not json")
