@@ -254,7 +254,7 @@ def test_seeded_rates_are_reproducible_and_near_their_rate() -> None:
         FaultPlan(rates={"500": 0.7, "429": 0.4})
 
 
-def test_request_stage_and_default_script() -> None:
+def test_request_purpose_and_default_script() -> None:
     units = {"type": "json_object", "schema": {"properties": {"units": {}}}}
     judge = {"type": "json_schema", "json_schema": {"schema": {"properties": {"score": {}}}}}
     assert request_purpose({"response_format": units}) == ("task", "fake/extract")
