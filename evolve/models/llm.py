@@ -15,11 +15,9 @@ Invariants:
   call log (:func:`evolve.models.calllog.append`). Token counts on a cache hit are those of the
   cached response (the work the request represents); ``cost_usd`` is money actually spent (None
   when litellm has no price).
-- The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only
-  (a reply :meth:`LLMClient.complete_json` finds no usable JSON in is dropped from it again),
-  keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
-  json_schema, extra params without secret-named ones, and ``api_base`` when one is set).
-  Prompts are not stored, only their hash.
+- The request cache (``cache_path``; :mod:`evolve.models.requestcache`) is read before a call
+  and written after a success; a reply :meth:`LLMClient.complete_json` finds no usable JSON in
+  is dropped from it again.
 - A call that would reach a model is first admitted under the caps of the run it logs to
   (:func:`evolve.models.spendcap.admit`, counted in flight until its record is logged); a
   refusal raises :class:`~evolve.models.spendcap.SpendCapReached` and is not logged.
@@ -57,7 +55,6 @@ Invariants:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -78,11 +75,12 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from evolve.models import cache_transaction, calllog, spendcap
+from evolve.models import calllog, spendcap
 from evolve.models.attempts import Attempts, fault_kind, is_transient, retry_after, within
 from evolve.models.breaker import Breaker, EndpointDown
-from evolve.models.calllog import CALLS_SCHEMA, LLMError
+from evolve.models.calllog import LLMError
 from evolve.models.limiter import Limiter
+from evolve.models.requestcache import Cached, RequestCache, request_hash
 from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
@@ -246,7 +244,7 @@ class LLMClient:
         self.models = models
         self.breaker = breaker
         self.log_path = Path(log_path) if log_path is not None else None
-        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self.cache = RequestCache(cache_path)
         self.limiter = limiter
         self.timeout = timeout
         self._records: list[UsageRecord] = []
@@ -273,11 +271,12 @@ class LLMClient:
             config = config.model_copy(update={"timeout": self.timeout})
         msgs = _as_messages(messages)
         max_tokens = max_tokens if max_tokens is not None else config.max_tokens
-        key = self._request_hash(config, msgs, json_schema, max_tokens)
+        key = request_hash(config, msgs, json_schema, max_tokens)
         began = time.perf_counter()
-        hit = self._cache_get(key)
-        if hit is not None:
-            hit = replace(hit, latency_s=time.perf_counter() - began, request_hash=key)
+        found = self.cache.get(key)
+        if found is not None:
+            hit = Completion(found.text, found.prompt_tokens, found.completion_tokens, 0.0,
+                             time.perf_counter() - began, True, found.model, key)  # fmt: skip
             self._record(role, purpose, hit, key, None, Attempts(None), repair)
             return hit
         if self.breaker is not None:  # the run's endpoint is down: refused, not logged
@@ -310,7 +309,8 @@ class LLMClient:
                 raise (EndpointDown(str(exc)) if down else LLMError(error)) from None
             reply = replace(reply, latency_s=time.perf_counter() - began, cached=False,
                             request_hash=key)  # fmt: skip
-            self._cache_put(key, reply)
+            self.cache.put(key, Cached(reply.text, reply.prompt_tokens, reply.completion_tokens,
+                                       reply.model))  # fmt: skip
             self._record(role, purpose, reply, key, None, counts, repair)
         return reply
 
@@ -367,7 +367,7 @@ class LLMClient:
                 return validate(parse_json_reply(reply.text))
             except ValueError as exc:
                 problem = " ".join(str(exc).split())[:1000]
-                self._cache_forget(reply.request_hash)  # not the JSON asked for: no success
+                self.cache.forget(reply.request_hash)  # not the JSON asked for: no success
             conversation = [
                 *conversation,
                 {"role": "assistant", "content": reply.text},
@@ -464,61 +464,6 @@ class LLMClient:
             latency_s=0.0,
             cached=False,
             model=config.model,
-        )
-
-    def _request_hash(
-        self,
-        config: ModelConfig,
-        messages: list[Message],
-        json_schema: dict[str, Any] | None,
-        max_tokens: int,
-    ) -> str:
-        extra = {k: v for k, v in config.extra.items() if not is_secret_name(k)}
-        payload = [config.model, messages, config.temperature, max_tokens, json_schema, extra]
-        if config.api_base is not None:  # another server may serve another model by this name
-            payload.append({"api_base": config.api_base})
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-    def _cache_get(self, key: str) -> Completion | None:
-        if self.cache_path is None:
-            return None
-        row = cache_transaction(
-            self.cache_path,
-            CALLS_SCHEMA,
-            "LLM request cache",
-            lambda conn: conn.execute(
-                "SELECT text, prompt_tokens, completion_tokens, model FROM responses"
-                " WHERE request_hash = ?",
-                (key,),
-            ).fetchone(),
-        )
-        if row is None:
-            return None
-        return Completion(row[0], row[1], row[2], 0.0, 0.0, True, row[3])
-
-    def _cache_forget(self, key: str) -> None:
-        """Drop a cached reply that turned out unusable (a replay asks the model again)."""
-        if self.cache_path is None or not key:
-            return
-        cache_transaction(
-            self.cache_path,
-            CALLS_SCHEMA,
-            "LLM request cache",
-            lambda conn: conn.execute("DELETE FROM responses WHERE request_hash = ?", (key,)),
-        )
-
-    def _cache_put(self, key: str, reply: Completion) -> None:
-        if self.cache_path is None:
-            return
-        cache_transaction(
-            self.cache_path,
-            CALLS_SCHEMA,
-            "LLM request cache",
-            lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                (key, reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model),
-            ),
         )
 
     def _record(
