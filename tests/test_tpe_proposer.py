@@ -14,7 +14,7 @@ import pytest
 from optuna.distributions import IntDistribution
 
 from evolve.cli.main import build_parser
-from evolve.cli.run import _run_config
+from evolve.cli.runconfig import run_config
 from evolve.config import RunConfig, stored_config
 from evolve.evolution.constants import REBUILD, ConstantProposer, rebuild_names, tunables
 from evolve.evolution.proposer import CandidateView, Proposal, Request
@@ -209,14 +209,14 @@ def test_random_search_stays_available(tmp_path: Path) -> None:
         cfg.replace(offline_search="grid")
 
 
-def test_the_flag_reaches_the_run_config(data_dir: Path, tmp_path: Path) -> None:
+def test_the_flag_reaches_therun_config(data_dir: Path, tmp_path: Path) -> None:
     argv = ["run", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path)]
     for extra, expected in (([], "optuna"), (["--offline-search", "random"], "random")):
         args = build_parser().parse_args([*argv, *extra])
-        assert _run_config(args).offline_search == expected
+        assert run_config(args).offline_search == expected
     # --search-seed seeds the proposer (a run repeated with another seed searches otherwise)
     for extra, seed in (([], 0), (["--search-seed", "7"], 7)):
-        config = _run_config(build_parser().parse_args([*argv, *extra]))
+        config = run_config(build_parser().parse_args([*argv, *extra]))
         assert config.rng_seed == seed and constant_proposer(config, tmp_path).seed == seed
 
 
@@ -249,7 +249,7 @@ def test_index_moves_are_off_unless_asked_and_old_runs_keep_them(
 ) -> None:
     argv = ["run", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path)]
     for extra, expected in (([], False), (["--index-moves"], True)):
-        config = _run_config(build_parser().parse_args([*argv, *extra]))
+        config = run_config(build_parser().parse_args([*argv, *extra]))
         assert config.index_moves is expected
         assert constant_proposer(config, tmp_path).index_moves is expected
     old = RunConfig(data_dir="d", seed_program="s", cache_dir="c").as_json()
