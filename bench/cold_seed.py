@@ -2,7 +2,7 @@
 
 Evaluates a program the way ``evolve run`` evaluates its seed (offline, train then valid, the
 first N conversations of each, 2 workers) from empty stage and embedding caches, and prints per
-split the wall time, the workers' seconds per stage (extraction, indexing, planning — which
+split the wall time, the workers' seconds per step (extraction, indexing, planning — which
 includes starting the program host —, retrieval), the texts the workers encoded and how long
 that took, and the parent's scoring encode (evidence similarity embeds the evidence messages
 and every retrieved block).
@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from evolve.config import RunConfig
+from evolve.evalsetup import EvalSetup, make_embedder
 from evolve.evolution.loop import task_set
-from evolve.executor import evaluate
-from evolve.worker import WorkerConfig, make_embedder
+from evolve.executor import run_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,21 +32,21 @@ def cold_seed(program: Path, data_dir: Path, conversations: int, jobs: int) -> N
     cache = Path(tempfile.mkdtemp(prefix="prismem-cold-"))
     run = RunConfig(data_dir=str(data_dir), seed_program=str(program), cache_dir=str(cache),
                     conversations=conversations)  # fmt: skip
-    config = WorkerConfig(cache_dir=str(cache), task_model=None)
+    config = EvalSetup(cache_dir=str(cache), task_model=None)
     parent = make_embedder("minilm", str(cache))  # the executor's scorer shares this one
     total = 0.0
     for split in ("train", "valid"):
         tasks = task_set(run, split)
         parent.stats.reset()
         start = time.perf_counter()
-        report = evaluate(program, tasks, config, jobs=jobs)
+        report = run_eval(program, tasks, config, jobs=jobs)
         wall = time.perf_counter() - start
         total += wall
         emb = report.work["worker_embedding"]
         stages = ", ".join(f"{k} {v:.1f}" for k, v in report.work["stage_seconds"].items() if v)
         print(f"{split}: {len(tasks.conversations)} conversations, {len(tasks.questions)} "
               f"questions, {wall:.1f} s wall")  # fmt: skip
-        print(f"  worker seconds per stage (summed over workers): {stages}")
+        print(f"  worker seconds per step (summed over workers): {stages}")
         print(f"  worker encode: {emb.get('encoded', 0):.0f} texts in "
               f"{emb.get('encode_seconds', 0):.1f} s")  # fmt: skip
         print(f"  parent scoring encode: {parent.stats.encoded} texts in "

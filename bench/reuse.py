@@ -1,8 +1,8 @@
-"""Benchmark: stage reuse (a measurement script, not a test; latency is ``bench/scale.py``'s).
+"""Benchmark: step reuse (a measurement script, not a test; latency is ``bench/scale.py``'s).
 
 Prints a full evaluation of a program on a split with empty stage and embedding caches, then a
 retrieval-only revision of it (one retrieval constant changed) on the same caches: wall time,
-stage counters and texts embedded for each, and their ratio.
+step counters and texts embedded for each, and their ratio.
 
     python bench/reuse.py --data-dir ../shared/data [--program seeds/hybrid.py] [--split valid]
 """
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
-from evolve.executor import evaluate
-from evolve.worker import WorkerConfig
+from evolve.evalsetup import EvalSetup
+from evolve.executor import run_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,18 +38,18 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
     cache = Path(tempfile.mkdtemp(prefix="prismem-bench-"))
     child = cache / "child.py"
     child.write_text(retrieval_variant(program.read_text()))
-    config = WorkerConfig(cache_dir=str(cache), task_model=None)
+    config = EvalSetup(cache_dir=str(cache), task_model=None)
     rows = []
     for label, path in (("full", program), ("retrieval-only", child)):
         start = time.perf_counter()
-        report = evaluate(path, tasks, config, jobs=jobs)
+        report = run_eval(path, tasks, config, jobs=jobs)
         wall = time.perf_counter() - start
         rows.append((label, wall, report))
         stages = " ".join(f"{s}={c['computed']}/{c['reused']}" for s, c in report.stages.items())
         emb = report.work["worker_embedding"]
-        print(f"{label:>15}: {wall:7.1f} s  stages computed/reused: {stages}")
+        print(f"{label:>15}: {wall:7.1f} s  steps computed/reused: {stages}")
         print(f"{'':>15}  worker texts embedded {emb.get('encoded', 0):.0f} "
-              f"(cache hits {emb.get('cache_hits', 0):.0f}); stage seconds "
+              f"(cache hits {emb.get('cache_hits', 0):.0f}); step seconds "
               f"{report.work['stage_seconds']}")  # fmt: skip
     full, part = rows[0][1], rows[1][1]
     print(f"retrieval-only re-evaluation takes {part / full:.1%} of the full one "

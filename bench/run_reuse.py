@@ -1,11 +1,11 @@
-"""Benchmark: a whole ``evolve run`` with stage reuse against the same run with ``--no-reuse``.
+"""Benchmark: a whole ``evolve run`` with step reuse against the same run with ``--no-reuse``.
 
 A measurement script, not a test. It runs ``evolve run`` twice with the same arguments (those
-after ``--``), the second time with ``--no-reuse``, each in a new empty cache directory (stage
+after ``--``), the second time with ``--no-reuse``, each in a new empty cache directory (step
 store and LLM response cache) and runs directory. The embedding cache is keyed by text, not by
 stage, so it stays on in both runs; with ``--embeddings FILE`` both start from a copy of it.
 For each run it prints the wall time, the calls and tokens per role from the run's call log,
-the stage counters summed over every evaluation, and the sandbox and evaluation seconds per
+the step counters summed over every evaluation, and the sandbox and evaluation seconds per
 candidate; then the ratios of the reuse run to the baseline.
 
     # offline (no model): wall time only, no tokens
@@ -83,7 +83,7 @@ def show(row: dict[str, Any]) -> None:
               f"cache), {tally['prompt_tokens']:,} prompt + {tally['completion_tokens']:,} "
               f"completion tokens")  # fmt: skip
     stages = ", ".join(f"{s} {c['computed']}/{c['reused']}" for s, c in row["cache"].items())
-    print(f"    stages computed/reused over all evaluations: {stages}")
+    print(f"    steps computed/reused over all evaluations: {stages}")
     print(f"    train+valid evaluation: seed {row['seed_s']:.1f} s, each evaluated child "
           f"{row['child_s']:.1f} s on average; sandbox {row['sandbox_s']:.1f} s per "
           f"candidate")  # fmt: skip

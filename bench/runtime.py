@@ -44,7 +44,7 @@ from pathlib import Path
 import evolve
 from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
-from evolve.worker import WorkerConfig, make_embedder
+from evolve.evalsetup import EvalSetup, make_embedder
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS_PER_TOKEN = 4
@@ -99,7 +99,7 @@ def measure(size: str, args: argparse.Namespace) -> None:
     conversation, questions = history(args, size)
     n_messages = sum(len(s.messages) for s in conversation.sessions)
     tokens = conversation.n_chars / CHARS_PER_TOKEN
-    config = WorkerConfig(cache_dir=str(args.cache_dir), task_model=None, embedder=args.embedder)
+    config = EvalSetup(cache_dir=str(args.cache_dir), task_model=None, embedder=args.embedder)
     with tempfile.TemporaryDirectory(prefix="prismem-runtime-") as tmp:
         store = Path(tmp) / "store"
         memory = evolve.open_memory(args.program, store, config=config, notice=lambda _: None)
@@ -162,7 +162,7 @@ def measure(size: str, args: argparse.Namespace) -> None:
 def readers(
     args: argparse.Namespace,
     store: Path,
-    config: WorkerConfig,
+    config: EvalSetup,
     questions: list[Question],
     hosts: int,
 ) -> tuple[float, list[float]]:

@@ -72,7 +72,7 @@ def build(conversation: Conversation, embedder: Embedder) -> tuple[Any, Any, flo
 
 def restore(program: Any, memory: Any) -> tuple[int, float]:
     """Bytes of the memory's stored state and seconds to restore it and answer one cached
-    query: what a candidate that reuses the index stage pays instead of indexing."""
+    query: what a candidate that reuses the index step pays instead of indexing."""
     backend = memory.backend
     state = dump_state(memory, program.module.__name__, backend)
     start = time.perf_counter()

@@ -1,7 +1,7 @@
-"""Benchmark: optuna (TPE) vs random offline search for the same budget.
+"""Benchmark: optuna (TPE) vs random constant search for the same budget.
 
 A measurement script, not a test. For each strategy (``--offline-search`` optuna and random)
-it runs the offline evolution loop from ``seeds/hybrid.py`` on BEAM-100K with the same budget of
+it runs the evolution loop offline from ``seeds/hybrid.py`` on BEAM-100K with the same budget of
 evaluated candidates (``--budget``, seed included; ``--children`` per round, rounds split
 1 : 6 : 1 over cold start, refinement and integration), then evaluates the run's best program
 (the archive's, selected on valid) on valid and holdout and prints its evidence coverage
@@ -29,14 +29,14 @@ from typing import Any
 from evolve.config import CHILDREN, RunConfig
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import make_embedder
 from evolve.evolution.cascade import saved_seconds
-from evolve.evolution.loop import Evolution, worker_config
+from evolve.evolution.loop import Evolution, eval_setup
 from evolve.evolution.manifest import build_manifest
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.resources import seed_file
 from evolve.scoring.coverage import CoverageScorer, ceiling
-from evolve.worker import make_embedder
 
 SPLITS = ("valid", "holdout")
 
@@ -52,8 +52,8 @@ def rounds(budget: int, children: int) -> dict[str, int]:
 
 def coverage(program: Path, tasks: TaskSet, config: RunConfig, scorer: CoverageScorer) -> float:
     """Mean evidence coverage of ``program`` on ``tasks`` (questions with evidence)."""
-    worker = worker_config(config, Path(config.cache_dir), "bench")
-    report = evaluate(program, tasks, worker, jobs=config.jobs)
+    setup = eval_setup(config, Path(config.cache_dir), "bench")
+    report = run_eval(program, tasks, setup, jobs=config.jobs)
     ev = tasks.evidence_texts()
     rows = scorer.coverage([(ev[t.id], t.retrieved_text) for t in report.traces])
     values = [r["evidence_coverage"] for r in rows if r["evidence_coverage"] is not None]

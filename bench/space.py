@@ -2,7 +2,7 @@
 
 A measurement script, not a test. It runs the program **in process, with no sandbox host**, so
 give it only a trusted program (the project's seeds). Each variant is the program with some
-tunable constants set (:func:`evolve.evolution.offline.searchable`: the ones offline search may
+tunable constants set (:func:`evolve.evolution.constants.searchable`: the ones constant search may
 move), run through offline mode's stand-ins as the executor runs them (one unit per message,
 the question as the query; :mod:`contract.program`) over a split (BEAM-100K unless named
 otherwise), and scored with
@@ -10,7 +10,7 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
 
 - ``--moves``: the program as written, then each tunable moved alone halfway to each end of its
   range (a bool flipped): the gain of every single move, per capability, on ``--split``. This
-  is the evidence behind :data:`evolve.evolution.offline.GUIDANCE`. ``--at NAME=VALUE ...``
+  is the evidence behind :data:`evolve.evolution.constants.GUIDANCE`. ``--at NAME=VALUE ...``
   measures the moves from a tuned point instead (a move's worth depends on where a run already
   is: at LENGTH_PENALTY 0.25 the role weights, worth 7-8 pp at the seed, move under a point),
   and ``--only NAME ...`` moves just the tunables named.
@@ -20,7 +20,7 @@ evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
   benchmarks and sizes are there to check that what was tuned transfers, never to choose by.
 - ``--search N``: optuna's TPE (seeded) over all the tunables at once for N trials on train,
   starting from the program as written; the best trial is then scored on valid and holdout.
-  An upper bound, in practice, on what a run's offline search finds in that space. ``--keep
+  An upper bound, in practice, on what a run's constant search finds in that space. ``--keep
   NAME ...`` holds some tunables at their written values (a new chunking encodes every
   conversation again: minutes per trial).
 
@@ -54,7 +54,7 @@ from contract.program import load_program, offline_units
 from contract.spec import OUT_CHAR_BUDGET
 from evolve.datasets.benches import BENCHES, load_taskset
 from evolve.datasets.types import TaskSet
-from evolve.evolution.offline import Tunable, Value, searchable
+from evolve.evolution.constants import Tunable, Value, searchable
 from evolve.models.embed import Embedder
 from evolve.resources import seed_file
 from evolve.scoring.coverage import CoverageScorer, ScoreInput

@@ -3,7 +3,7 @@
 Evaluates a program on BEAM-100K valid with the task model and the judge both served by
 :class:`~evolve.models.fake_server.FakeModelServer` at a fixed latency, from cold stage and LLM
 caches (the embedding cache is warmed by the first run and copied to the others), at each
-concurrency (``WorkerConfig.llm_concurrency``): requests the server saw, wall time, the ratio
+concurrency (``EvalSetup.llm_concurrency``): requests the server saw, wall time, the ratio
 of the wall time to the ideal (requests × latency / concurrency; the goal is ≤ 1.3× at 16), the
 server's maximum of requests in flight, and the time split of ``meta.time``. Then the same
 evaluation at the highest concurrency with injected faults (``--faults``, 30 % by default): it
@@ -26,12 +26,12 @@ from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
-from evolve.executor import EvalError, EvalReport, evaluate
+from evolve.evalsetup import EvalSetup
+from evolve.executor import EvalError, EvalReport, run_eval
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
 from evolve.models.llm import LLMError, ModelConfig, Models
 from evolve.models.usage import fault_text
-from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = "429:0.1,500:0.1,truncate:0.05,garbage:0.05"
@@ -54,14 +54,14 @@ def one_run(
         shutil.copy(warm, cache / warm.name)
     with FakeModelServer(latency_s=args.latency, faults=faults) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url, max_tokens=256)
-        config = WorkerConfig(cache_dir=str(cache), task_model=model, embedder=args.embedder,
+        config = EvalSetup(cache_dir=str(cache), task_model=model, embedder=args.embedder,
                               llm_concurrency=concurrency)  # fmt: skip
         # the judge shares the workers' call log, so it shares their one limit
         judge = llm_client(Models(judge=model), log_path=cache / "llm-calls.sqlite",
                            cache_path=cache / "llm-cache.sqlite",
                            concurrency=concurrency)  # fmt: skip
         start = time.perf_counter()
-        report = evaluate(args.program, tasks, config, jobs=args.jobs, judge=judge)
+        report = run_eval(args.program, tasks, config, jobs=args.jobs, judge=judge)
         wall = time.perf_counter() - start
         stats = server.stats()
     if not warm.exists() and (cache / warm.name).exists():

@@ -6,11 +6,12 @@ A candidate program reaches models only through its backend; inside the confined
 
 Invariants:
 - ``embed`` takes a list of strings only, at most :data:`MAX_EMBED_TEXTS` per call.
-- ``complete`` goes to the task LLM, counted under role ``task`` and stage ``<label>/memory``,
-  at most ``max_calls`` per host request (the host enforces the same budget; this side does not
-  trust it to), each prompt a string of at most :data:`MAX_PROMPT_CHARS` characters and each
-  reply at most :data:`MAX_REPLY_TOKENS` tokens; with no task LLM (offline mode), or past a
-  limit, it is refused with a :class:`~contract.types.BackendError` before any model is asked.
+- ``complete`` goes to the task LLM, counted under role ``task`` and purpose
+  ``<call_prefix>/memory``, at most ``max_calls`` per host request (the host enforces the same
+  budget; this side does not trust it to), each prompt a string of at most
+  :data:`MAX_PROMPT_CHARS` characters and each reply at most :data:`MAX_REPLY_TOKENS` tokens;
+  with no task LLM (offline mode), or past a limit, it is refused with a
+  :class:`~contract.types.BackendError` before any model is asked.
 - Any other method is refused.
 """
 
@@ -32,10 +33,10 @@ class BackendService:
     """Answers one host's ``backend`` frames (a callable for :class:`~sandbox.isolate.Host`);
     ``calls`` counts the completions of the current host request (the session resets it)."""
 
-    def __init__(self, embedder: Embedder, llm: LLMClient | None, stage: str, max_calls: int):
+    def __init__(self, embedder: Embedder, llm: LLMClient | None, call_prefix: str, max_calls: int):
         self.embedder = embedder
         self.llm = llm
-        self.stage = stage
+        self.call_prefix = call_prefix
         self.max_calls = max_calls
         self.calls = 0
 
@@ -67,7 +68,7 @@ class BackendService:
             self.calls += 1
             reply = self.llm.complete(
                 "task",
-                f"{self.stage}/memory",
+                f"{self.call_prefix}/memory",
                 prompt,
                 max_tokens=min(int(header.get("max_tokens", 256)), MAX_REPLY_TOKENS),
             )

@@ -1,8 +1,8 @@
 """Side-by-side evaluation of several memory programs on one split (``evolve compare``).
 
 Owns :data:`REFERENCE_PROGRAMS` and :func:`compare_programs`. Each program is evaluated with
-:func:`evolve.executor.evaluate` exactly as ``evolve eval`` would (same sandbox check, same
-stage reuse, same scoring); the comparison adds what a user weighs against the scores: the
+:func:`evolve.executor.run_eval` exactly as ``evolve eval`` would (same sandbox check, same
+step reuse, same scoring); the comparison adds what a user weighs against the scores: the
 context a program hands to the answer model (characters and estimated tokens per question) and
 how long ``retrieve()`` takes, and the coverage ceiling of the split (the same for every
 program: the gold evidence packed into the budget).
@@ -24,14 +24,14 @@ import numpy as np
 
 from evolve.datasets.types import CAPABILITIES, TaskSet
 from evolve.distributed import JobBackend
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import fitness
-from evolve.executor import ProgressFn, evaluate
+from evolve.executor import ProgressFn, run_eval
 from evolve.models.llm import LLMClient
 from evolve.resources import seed_file
 from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.fitness import Variant, retrieval_fitness
 from evolve.trace import first_error
-from evolve.worker import WorkerConfig
 
 REFERENCE_PROGRAMS = ("simple", "dense", "hybrid", "prism", "ariadne")
 CHARS_PER_TOKEN = 4  # an estimate; the table says so
@@ -50,7 +50,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 def compare_programs(
     paths: list[Path],
     tasks: TaskSet,
-    config: WorkerConfig,
+    config: EvalSetup,
     *,
     backend: JobBackend,
     judge: LLMClient | None = None,
@@ -62,7 +62,7 @@ def compare_programs(
     size and retrieval latency (p50/p95 ms), plus the full report's scores."""
     rows = []
     for path in paths:
-        report = evaluate(path, tasks, config, judge=judge, on_progress=on_progress,
+        report = run_eval(path, tasks, config, judge=judge, on_progress=on_progress,
                           backend=backend, judge_variant=judge_variant)  # fmt: skip
         traces = [t for t in report.traces if not t.error]
         chars = [len(t.retrieved_text) for t in traces]

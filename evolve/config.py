@@ -5,7 +5,7 @@ where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per mod
 transport limits (requests in flight for the whole run, seconds per request), the budget caps,
 the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
 evaluation cascade (docs/design.md §4), the guard sets (:mod:`evolve.datasets.guards`), the
-offline proposer's search strategy and its index moves, and the ablations), the evolution
+constant proposer's search strategy and its index moves, and the ablations), the evolution
 stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on
 (:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
 manifest stores the config as JSON
@@ -79,14 +79,14 @@ class RunConfig(BaseModel):
     embedder: Literal["minilm", "hashing"] = "minilm"
     conversations: PositiveInt | None = None  # only the first N conversations of each split
     task_model: ModelConfig | None = None  # None = offline retrieval
-    coder_model: ModelConfig | None = None  # None = the offline proposer
+    coder_model: ModelConfig | None = None  # None = the constant proposer
     judge_model: ModelConfig | None = None  # scores answers by the benchmark's protocol
     judge_variant: Variant = "described"  # BEAM's rubric variant the judged fitness reads
     llm_concurrency: PositiveInt = DEFAULT_CONCURRENCY  # requests in flight, whole run, per node
     llm_timeout: PositiveFloat = 120.0  # seconds one LLM request may take (then retried)
     max_usd: float | None = Field(default=None, ge=0)
     max_tokens: NonNegativeInt | None = None
-    reuse: bool = True  # False: every evaluation recomputes every stage (a measurement baseline)
+    reuse: bool = True  # False: every evaluation recomputes every step (a measurement baseline)
     repairs: NonNegativeInt = REPAIRS  # repair attempts after a proposal that fails
     children: PositiveInt = CHILDREN  # children per round, evaluated concurrently
     cascade: bool = True  # screen each child on a train minibatch before full train + valid
@@ -98,9 +98,9 @@ class RunConfig(BaseModel):
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
     cases: Literal["worst", "random"] = "worst"
-    offline_search: Literal["optuna", "random"] = "optuna"  # the offline proposer's strategy
-    # offline search may move the constants extraction and indexing read (each such child is
-    # encoded again in full: evolve.evolution.offline, "Index moves")
+    offline_search: Literal["optuna", "random"] = "optuna"  # the constant proposer's strategy
+    # constant search may move the constants extraction and indexing read (each such child is
+    # encoded again in full: evolve.evolution.constants, "Index moves")
     index_moves: bool = False
 
     @field_validator("rounds")

@@ -1,4 +1,4 @@
-"""Cold-start stage diagnostics: where in the pipeline evidence gets lost (docs/design.md §4).
+"""Cold-start step diagnostics: where in the pipeline evidence gets lost (docs/design.md §4).
 
 For a task with evidence set E and one embedding matcher φ, s(e, Z) = max over z in Z of
 cos(φ(e), φ(z)), and per evidence snippet e:
@@ -16,8 +16,8 @@ Owns :func:`question_diagnostics` (worker side: needs the run's units and a look
 retrieval returns for a text as the question) and :func:`summarize` (parent side: means per
 capability). Invariants: the lookup query is the
 program's own offline stand-in built from e's text (no task-LLM call is spent), lookup results
-are cached in the stage store like any retrieval, and reading units for a diagnosis does not
-count as stage reuse.
+are cached in the step store like any retrieval, and reading units for a diagnosis does not
+count as step reuse.
 """
 
 from __future__ import annotations

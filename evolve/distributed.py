@@ -13,7 +13,7 @@ Invariants:
   private local Ray instance on loopback (even when ``RAY_ADDRESS`` or a ``ray start`` on this
   machine names another); it never shuts down a cluster it did not start. Workers must
   import this package (install it on every node) and share the cache directory (a path every
-  node can read and write, e.g. NFS): stage outputs, embeddings and LLM responses meet there,
+  node can read and write, e.g. NFS): step outputs, embeddings and LLM responses meet there,
   which is what makes a Ray evaluation equal to a local one.
 - Every process the local backend starts (the loky workers here, the progress queue's manager in
   :mod:`evolve.executor`) runs :func:`die_with_parent` first: it exits as soon as the process

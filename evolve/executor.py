@@ -3,15 +3,15 @@
 The executor is the parent side of execution (docs/design.md §2). It never runs program code itself:
 each conversation is a job for :func:`evolve.session.run_conversation` on a backend
 (:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
-model loads once per worker, or a Ray cluster). Workers decide per stage what to reuse from the
-stage store; the executor sums their counters, scores every question here with
+model loads once per worker, or a Ray cluster). Workers decide per step what to reuse from the
+step store; the executor sums their counters, scores every question here with
 :mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.retrieval` (the
 diagnostics beside it) and, when the task model answered, with the benchmark's answer
 scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent) — scoring code
 never shares a process with a candidate — and writes per-question traces.
 
 Invariants:
-- No program is evaluated before it has passed the sandbox: :func:`evaluate` takes the
+- No program is evaluated before it has passed the sandbox: :func:`run_eval` takes the
   :class:`~sandbox.check.CheckedProgram` a passing check returns (a path is checked first, by
   :func:`check_file`), and runs exactly the source that was checked.
 - A failing conversation (program error, crashed worker) fails only its own questions; they
@@ -63,6 +63,7 @@ from contract.spec import COMPONENTS
 from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
 from evolve.distributed import JobBackend, die_with_parent, make_backend
+from evolve.evalsetup import EvalSetup, check_endpoint, make_embedder
 from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import SpendCapReached, is_spend_cap
@@ -76,7 +77,6 @@ from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.retrieval import METRICS, RetrievalScorer, ScoreInput, aggregate
 from evolve.session import ConversationResult, run_conversation
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, check_endpoint, make_embedder
 from sandbox.check import CheckedProgram, check_program
 
 OFFLINE_MODE = "offline: retrieval-only"
@@ -88,6 +88,10 @@ class EvalError(Exception):
 
 @dataclass
 class EvalReport:
+    """One evaluation's report. ``stages`` holds the step counters (computed, reused, ...) per
+    pipeline step and ``work["stage_seconds"]`` the seconds per step: both keep the names
+    reports and stored candidate scores were written with."""
+
     meta: dict[str, Any]
     scores: dict[str, Any]
     stages: dict[str, dict[str, int]]
@@ -109,7 +113,7 @@ EVENTS = ("window", "session", "indexing", "indexed", "restored", "question")  #
 class WorkerEvents:
     """What the workers of one evaluation reported so far, as one line for a progress display:
     sessions extracted, extraction windows the task model answered, memories indexed (and
-    which conversations are being indexed now) or restored from the stage store, judge calls;
+    which conversations are being indexed now) or restored from the step store, judge calls;
     nothing (None) before the first of them."""
 
     def __init__(self, tasks: TaskSet) -> None:
@@ -138,10 +142,10 @@ class WorkerEvents:
         return " · ".join(parts) or None
 
 
-def evaluate(
+def run_eval(
     program: CheckedProgram | Path,
     tasks: TaskSet,
-    config: WorkerConfig,
+    config: EvalSetup,
     *,
     jobs: int = 2,
     hit_threshold: float | None = None,
@@ -150,7 +154,7 @@ def evaluate(
     backend: JobBackend | None = None,
     judge_variant: Variant = "described",
 ) -> EvalReport:
-    """Run every stage for every question of ``tasks``, score the retrieved text and, when the
+    """Run every step for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge), then each question's
     fitness under the mode this evaluation is in (:func:`evolve.scoring.fitness.choose`;
@@ -291,7 +295,7 @@ def _run_jobs(
     backend: JobBackend,
     program: CheckedProgram,
     tasks: TaskSet,
-    config: WorkerConfig,
+    config: EvalSetup,
     tally: WorkerEvents,
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
@@ -378,23 +382,23 @@ def _sum_counters(all_counters: Any) -> dict[str, dict[str, int]]:
     outcomes = ("computed", "reused", "failed", "skipped", "invalid", "unstored")
     total = {c: dict.fromkeys(outcomes, 0) for c in COMPONENTS}
     for counters in all_counters:
-        for stage, counts in counters.items():
+        for step, counts in counters.items():
             for outcome, n in counts.items():
-                total[stage][outcome] += n
+                total[step][outcome] += n
     return total
 
 
 def _sum_usage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role: the :meth:`~evolve.models.usage.Tally.summary` and calls per stage label."""
-    out = {role: {**t.summary(), "stages": {}} for role, t in by_role(records).items()}
+    """Per role: the :meth:`~evolve.models.usage.Tally.summary` and calls per purpose."""
+    out = {role: {**t.summary(), "purposes": {}} for role, t in by_role(records).items()}
     for r in records:
-        stages = out[r["role"]]["stages"]
-        stages[r["stage"]] = stages.get(r["stage"], 0) + 1
+        purposes = out[r["role"]]["purposes"]
+        purposes[r["purpose"]] = purposes.get(r["purpose"], 0) + 1
     return out
 
 
 def _sum_work(results: Any) -> dict[str, Any]:
-    """Seconds per stage and embedding work, summed over the workers' jobs."""
+    """Seconds per step and embedding work, summed over the workers' jobs."""
     seconds: dict[str, float] = {}
     embedding: dict[str, float] = {}
     for r in results:

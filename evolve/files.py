@@ -3,8 +3,8 @@
 Invariants: a reader sees the old file or the new one, never a torn one, and a write that
 returned survives a crash — the data goes to a temporary ``.tmp-*`` file in the same folder,
 is fsynced, renamed over the target (``os.replace``), and the folder is fsynced so the rename
-itself is durable. A failed write leaves no temporary file behind. The run store, the stage
-store and ``evolve export`` all write through it (1,000 stage-store writes: see
+itself is durable. A failed write leaves no temporary file behind. The run store, the step
+store and ``evolve export`` all write through it (1,000 step-store writes: see
 docs/performance.md).
 """
 

@@ -1,6 +1,6 @@
 """A memory program at work: the program in its confined host, with a task model and an embedder.
 
-:class:`Pipeline` is what evaluation (:mod:`evolve.session`: the pipeline, the stage cache and
+:class:`Pipeline` is what evaluation (:mod:`evolve.session`: the pipeline, the step cache and
 scoring) and a deployment both run. It is trusted code: it holds the embedder and the task
 model (an :class:`~evolve.models.llm.LLMClient`, or None for the offline stand-ins of
 :mod:`contract.program`). The program's own code (its module top level, hooks and ``Memory``
@@ -103,7 +103,7 @@ class Pipeline:
         embedder: Embedder,
         call_prefix: str,
         max_complete_calls: int,
-        step_seconds: float,
+        call_timeout: float,
         llm_concurrency: int = 1,
         limits: Limits = HOST_LIMITS,
     ) -> None:
@@ -113,7 +113,7 @@ class Pipeline:
         self.embedder = embedder
         self.call_prefix = call_prefix
         self.max_complete_calls = max_complete_calls
-        self.step_seconds = step_seconds
+        self.call_timeout = call_timeout
         self.llm_concurrency = llm_concurrency
         self.limits = limits
         self.service = BackendService(embedder, llm, call_prefix, max_complete_calls)
@@ -168,7 +168,7 @@ class Pipeline:
             self.service.calls = 0
             try:
                 with self.clock.during("sandbox"):
-                    return host.call(op, payload, blobs, timeout=timeout or self.step_seconds,
+                    return host.call(op, payload, blobs, timeout=timeout or self.call_timeout,
                                      embed_chars=embed_chars)  # fmt: skip
             except HostFailure as exc:  # the host is gone: every later step fails the same way
                 self._host_error = f"program host: {exc}"
@@ -218,8 +218,8 @@ class Pipeline:
             return [conform(schema, u) for u in data["units"]]
 
         prompt = prompts.extraction_prompt(self.instruction("extract"), wrapper, window)
-        stage, llm = f"{self.call_prefix}/extract", self.llm
-        return self.model(lambda: llm.complete_json("task", stage, prompt, wrapper, validate))
+        purpose, llm = f"{self.call_prefix}/extract", self.llm
+        return self.model(lambda: llm.complete_json("task", purpose, prompt, wrapper, validate))
 
     def session_records(self, segment: Segment) -> Records:
         """The task model's records for ``segment``, its windows asked concurrently and joined
@@ -307,9 +307,9 @@ class Pipeline:
             raise RuntimeError("no task model: planning uses the question itself")
         schema, llm = self.schema("Query"), self.llm
         prompt = prompts.planning_prompt(self.instruction("plan"), schema, question, date)
-        stage = f"{self.call_prefix}/plan"
+        purpose = f"{self.call_prefix}/plan"
         return self.model(
-            lambda: llm.complete_json("task", stage, prompt, schema, lambda d: conform(schema, d))
+            lambda: llm.complete_json("task", purpose, prompt, schema, lambda d: conform(schema, d))
         )
 
     def query(
@@ -349,5 +349,5 @@ class Pipeline:
             raise RuntimeError("no task model: there is no answer offline")
         instruction, llm = self.instruction("answer"), self.llm
         prompt = prompts.answer_prompt(instruction, retrieved, question, date)
-        stage = f"{self.call_prefix}/answer"
-        return self.model(lambda: llm.complete("task", stage, prompt).text)
+        purpose = f"{self.call_prefix}/answer"
+        return self.model(lambda: llm.complete("task", purpose, prompt).text)

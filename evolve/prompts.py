@@ -2,12 +2,12 @@
 
 Owns the prompt templates, the extraction window (how a session is cut into extraction calls)
 and the check of a program's instruction strings as its host reports them
-(:func:`reported_instructions`). :class:`evolve.pipeline.Pipeline` sends these prompts; stage
-keys fold in :func:`texts` through :func:`evolve.session.evaluator_version`.
+(:func:`reported_instructions`). :class:`evolve.pipeline.Pipeline` sends these prompts; step
+keys fold in :func:`texts` through :func:`evolve.session.pipeline_version`.
 
 Invariants:
 - Every text or number here that shapes a prompt is listed in :func:`texts`, so changing one
-  changes every stage key and no cached output of the old prompt is reused.
+  changes every step key and no cached output of the old prompt is reused.
 - An instruction is the value the loaded program holds (however its source builds it: plain,
   annotated or concatenated assignments, the last one winning), as the host reports it after
   loading (:meth:`sandbox.serve.Server.op_load`). The host is untrusted: the report must map
@@ -40,7 +40,7 @@ ANSWER_DATE = "Today is {date}.\n"
 
 
 def texts() -> list[Any]:
-    """Everything here that shapes a prompt, read at call time (for the evaluator version)."""
+    """Everything here that shapes a prompt, read at call time (for the pipeline version)."""
     return [SCHEMA_PROMPT, EXTRACT_PROMPT, PLAN_PROMPT, PLAN_DATE, ANSWER_PROMPT, ANSWER_DATE,
             EXTRACT_WINDOW_CHARS]  # fmt: skip
 

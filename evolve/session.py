@@ -1,13 +1,13 @@
-"""One conversation's evaluation: the pipeline, with stage reuse: the worker side of execution.
+"""One conversation's evaluation: the pipeline, with step reuse: the worker side of execution.
 
 :func:`run_conversation` runs in a worker process of the executor's pool. It is trusted code:
-it holds the embedder, the task LLM and the stage store. Evaluation is the
+it holds the embedder, the task LLM and the step store. Evaluation is the
 :class:`~evolve.pipeline.Pipeline` (the program in its confined host, the task model, the
-embedder: the same one a deployment runs) plus the stage store plus scoring (done by the
-parent). For each stage a :class:`ConversationSession` either loads the cached output (keys
-from :mod:`evolve.stagecache`) or has the pipeline compute it and stores it
-(:meth:`ConversationSession._cached_json`, the one cached-stage helper). The history is
-ingested in a step of its own before the questions (:meth:`ConversationSession.ingest`), and
+embedder: the same one a deployment runs) plus the step store plus scoring (done by the
+parent). For each step a :class:`ConversationSession` either loads the cached output (keys
+from :mod:`evolve.stepcache`) or has the pipeline compute it and stores it
+(:meth:`ConversationSession._cached_json`, the one cached-step helper). The history is
+ingested on its own before the questions (:meth:`ConversationSession.ingest`), and
 only when needed: when every retrieval of a conversation is cached, no host is even started,
 and when the memory state is cached, its units are never extracted. The memory is built with
 the host's incremental operations: ``open``, then per session its units (extracted or reused)
@@ -16,7 +16,7 @@ INDEX_SECONDS_PER_UNIT per unit. A question whose stored retrieval proves bad, o
 diagnostic lookup, builds the memory then if ingestion did not.
 
 Invariants:
-- A cached output is used only if it has its stage's shape (:class:`~evolve.stagecache.StageStore`
+- A cached output is used only if it has its step's shape (:class:`~evolve.stepcache.StepStore`
   checks each read, and a memory state the program cannot restore counts too): a bad entry is
   recomputed, overwritten and counted (``invalid``, besides ``computed``).
 - Only successful outputs are stored; a program error, an LLM failure, a dead or hung host
@@ -33,16 +33,16 @@ Invariants:
 - Offline mode (no task model) uses the stand-ins of :mod:`contract.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; the trace says when.
-- Every stage key carries :func:`evaluator_version` (prompt texts, extraction window,
-  truncation, library and embedding-model versions), so a changed evaluator reuses nothing.
-- ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the stage outputs
+- Every step key carries :func:`pipeline_version` (prompt texts, extraction window,
+  truncation, library and embedding-model versions), so a changed pipeline reuses nothing.
+- ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the step outputs
   it computed itself, and task LLM calls skip the response cache; the baseline that
-  ``bench/run_reuse.py`` measures stage reuse against.
+  ``bench/run_reuse.py`` measures step reuse against.
 - Scoring is not done here: the parent scores what the worker returns.
 - Concurrency (design §2; :mod:`evolve.fanout`): the task-model calls run on up to
   ``config.llm_concurrency`` threads per pool — all extraction windows of the sessions whose
   units are not stored at once (then units are made and indexed session by session, in order),
-  and the questions' chains. Results, traces, counters and the stage store equal a sequential
+  and the questions' chains. Results, traces, counters and the step store equal a sequential
   run's: maps keep item order and raise the first failure in item order; every call into the
   host is made under one lock (the pipeline's), ingestion takes the first turn and each
   question's host section (query, retrieval, diagnostics) the next ones, in question order, so
@@ -51,7 +51,7 @@ Invariants:
   key with an earlier one starts after it.
   Diagnostics are computed for every question whose retrieval succeeded.
 - ``ConversationResult.time`` is the conversation's wall time split by
-  :class:`~evolve.fanout.WallClock` (model wait, sandbox, local); ``seconds`` are per-stage
+  :class:`~evolve.fanout.WallClock` (model wait, sandbox, local); ``seconds`` are per-step
   exclusive seconds summed over threads (they overlap when calls run side by side).
 """
 
@@ -72,24 +72,24 @@ from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
 from evolve import prompts
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.diagnostics import question_diagnostics
+from evolve.evalsetup import EvalSetup, make_embedder, make_llm
 from evolve.fanout import Turns, attempt, ordered_map
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
 from evolve.pipeline import Pipeline, Records
-from evolve.stagecache import StageKeys, StageStore
+from evolve.stepcache import StepKeys, StepStore
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, make_embedder, make_llm
 from sandbox.fingerprint import fingerprints
 from sandbox.isolate import HostFailure, ProgramFailure
 
 T = TypeVar("T")
 INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
 INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit, for all its adds together
-# What the evaluator itself contributes to stage outputs, folded into every stage key by
-# evaluator_version(): bump EVALUATOR_VERSION whenever a change here, in the pipeline, in the
-# host or in the offline stand-ins changes what a stage outputs for the same program and data.
-EVALUATOR_VERSION = "3"
+# What the pipeline contributes to step outputs beyond the program, folded into every step key by
+# pipeline_version(): bump PIPELINE_VERSION whenever a change here, in the pipeline, in the
+# host or in the offline stand-ins changes what a step outputs for the same program and data.
+PIPELINE_VERSION = "3"
 TRUNCATION = "prefix"  # retrieved text keeps its first OUT_CHAR_BUDGET characters
-# Installed distributions whose versions can change a stage's output (numerics, tokenising,
+# Installed distributions whose versions can change a step's output (numerics, tokenising,
 # the embedding model's weights and code).
 OUTPUT_LIBRARIES = ("prismem", "bm25s", "PyStemmer", *EMBEDDING_LIBRARIES)
 
@@ -108,16 +108,16 @@ class ConversationResult:
 
 class ConversationSession:
     """One conversation's evaluation: a :class:`~evolve.pipeline.Pipeline` over the program,
-    with the stage store deciding per stage between reuse and computation."""
+    with the step store deciding per step between reuse and computation."""
 
-    def __init__(self, source: str, path: str, config: WorkerConfig, conv: Conversation) -> None:
+    def __init__(self, source: str, path: str, config: EvalSetup, conv: Conversation) -> None:
         self.config = config
         self.conv = conv
-        version = evaluator_version()
-        self.store = StageStore(Path(config.cache_dir) / "stages", version=version,
+        version = pipeline_version()
+        self.store = StepStore(Path(config.cache_dir) / "stages", version=version,
                                 reuse=config.reuse,
-                                on_invalid=lambda stage: self.count(stage, "invalid"))  # fmt: skip
-        self.keys = StageKeys(fingerprints(source), config.model_sig, config.embedder, version)
+                                on_invalid=lambda step: self.count(step, "invalid"))  # fmt: skip
+        self.keys = StepKeys(fingerprints(source), config.model_sig, config.embedder, version)
         self.llm = make_llm(config)
         self.embedder = make_embedder(config.embedder, config.cache_dir)
         self.pipeline = Pipeline(
@@ -127,11 +127,11 @@ class ConversationSession:
             embedder=self.embedder,
             call_prefix=config.call_prefix,
             max_complete_calls=config.max_complete_calls,
-            step_seconds=config.step_seconds,
+            call_timeout=config.call_timeout,
             llm_concurrency=config.llm_concurrency,
         )
         self.clock = self.pipeline.clock
-        self._lock = threading.Lock()  # counters and stage seconds (the pipeline locks the host)
+        self._lock = threading.Lock()  # counters and seconds per step (the pipeline locks the host)
         self._local = threading.local()  # per thread: seconds in nested timed sections
         self.counters = {
             c: {"computed": 0, "reused": 0, "failed": 0, "skipped": 0, "invalid": 0, "unstored": 0}
@@ -148,10 +148,10 @@ class ConversationSession:
     def close(self) -> None:
         self.pipeline.close()
 
-    def timed(self, stage: str, fn: Callable[[], T]) -> T:
-        """Run ``fn``, adding its exclusive time to ``stage``: time spent in stages nested inside
-        it (retrieval that has to build the memory first) counts for those stages only. Times
-        are per thread: stages running side by side add up to more than the wall time."""
+    def timed(self, step: str, fn: Callable[[], T]) -> T:
+        """Run ``fn``, adding its exclusive time to ``step``: time spent in steps nested inside
+        it (retrieval that has to build the memory first) counts for those steps only. Times
+        are per thread: steps running side by side add up to more than the wall time."""
         outer_nested = getattr(self._local, "nested", 0.0)
         start, self._local.nested = time.perf_counter(), 0.0
         try:
@@ -159,12 +159,12 @@ class ConversationSession:
         finally:
             elapsed = time.perf_counter() - start
             with self._lock:
-                self.seconds[stage] += elapsed - self._local.nested
+                self.seconds[step] += elapsed - self._local.nested
             self._local.nested = outer_nested + elapsed
 
-    def count(self, stage: str, outcome: str) -> None:
+    def count(self, step: str, outcome: str) -> None:
         with self._lock:
-            self.counters[stage][outcome] += 1
+            self.counters[step][outcome] += 1
 
     # -- extraction and indexing (per conversation) -------------------------------------
 
@@ -235,15 +235,15 @@ class ConversationSession:
                 return
         records = self._prefetch_records()
         self.notify("indexing")
-        self._index_step(self.pipeline.open)
+        self._index_call(self.pipeline.open)
         budget = INDEX_SECONDS  # the seconds all adds may still take together
         for i, segment in enumerate(self.conv.sessions):
             units = self.units(i, records[i])
             budget += INDEX_SECONDS_PER_UNIT * len(units)
             began, allowed = time.monotonic(), max(budget, 0.001)
-            self._index_step(partial(self.pipeline.add, segment, units, timeout=allowed))
+            self._index_call(partial(self.pipeline.add, segment, units, timeout=allowed))
             budget -= time.monotonic() - began
-        dumped = self._index_step(self.pipeline.dump)
+        dumped = self._index_call(self.pipeline.dump)
         self._memory_ready = True
         self.count("index", "computed")
         self.notify("indexed")
@@ -253,8 +253,8 @@ class ConversationSession:
             self.count("index", "unstored")
             self.notes["index_unstored"] = str(dumped.reason)
 
-    def _index_step(self, fn: Callable[[], T]) -> T:
-        """One host step of building the memory, timed as ``index`` (failures counted)."""
+    def _index_call(self, fn: Callable[[], T]) -> T:
+        """One host call of building the memory, timed as ``index`` (failures counted)."""
         try:
             return self.timed("index", fn)
         except Exception:
@@ -262,7 +262,7 @@ class ConversationSession:
             raise
 
     def ingest(self, questions: list[Question]) -> None:
-        """The history ingested in a step of its own, before any question's retrieval: the
+        """The history ingested on its own, before any question's retrieval: the
         memory restored from the store or built (:meth:`ensure_memory`), unless every
         question's retrieval is stored (then nothing is extracted or indexed and no host
         starts). A failure is not raised here: :meth:`ensure_memory` keeps it, and each
@@ -304,18 +304,18 @@ class ConversationSession:
             record = self.timed("plan", lambda: attempt(
                 lambda: self.pipeline.plan_record(q.question, q.question_date)
             ))  # fmt: skip
-        stage = "plan"
+        step = "plan"
         try:
             with turn or nullcontext():
                 query = self._cached_json("plan", plan_key, lambda: self._plan(q, record))
                 trace.query = query
-                stage = "retrieve"
+                step = "retrieve"
                 found = self._cached_json("retrieve", retrieve_key, lambda: self._retrieve(query))
                 trace.retrieved, trace.over_budget = found["retrieved"], found["over_budget"]
                 trace.raw_chars, trace.retrieve_ms = found["raw_chars"], found.get("retrieve_ms")
                 if self.config.diagnose:
                     self._diagnose(q, trace)
-            stage = "answer"
+            step = "answer"
             if self.llm is None:
                 self.count("answer", "skipped")
             else:
@@ -323,21 +323,21 @@ class ConversationSession:
                     "answer", answer_key, lambda: self._answer(q, found["retrieved"])
                 )
         except Exception as exc:
-            trace.error = f"{stage}: {exc}".replace("\n", " ")[:1000]
+            trace.error = f"{step}: {exc}".replace("\n", " ")[:1000]
         return trace
 
-    def _cached_json(self, stage: str, key: str, compute: Callable[[], T]) -> T:
-        cached = self.store.get_json(stage, key)
+    def _cached_json(self, step: str, key: str, compute: Callable[[], T]) -> T:
+        cached = self.store.get_json(step, key)
         if cached is not None:
-            self.count(stage, "reused")
+            self.count(step, "reused")
             return cached  # type: ignore[no-any-return]
         try:
-            value = self.timed(stage, compute)
+            value = self.timed(step, compute)
         except Exception:
-            self.count(stage, "failed")
+            self.count(step, "failed")
             raise
-        self.store.put_json(stage, key, value)
-        self.count(stage, "computed")
+        self.store.put_json(step, key, value)
+        self.count(step, "computed")
         return value
 
     def _diagnose(self, q: Question, trace: QuestionTrace) -> None:
@@ -395,7 +395,7 @@ def run_conversation(
     path: str,
     conv: Conversation,
     questions: list[Question],
-    config: WorkerConfig,
+    config: EvalSetup,
     ticks: Any = None,
 ) -> ConversationResult:
     """Execute one program over one conversation's questions.
@@ -404,13 +404,13 @@ def run_conversation(
     ``ticks``, when given, is a queue that receives ``(conversation id, event)`` as the work
     goes: ``window`` after each extraction window the task model answered, ``session`` after
     each extracted session, ``indexing`` and ``indexed`` around indexing, ``restored`` when the
-    memory came from the stage store, ``question`` after each question
+    memory came from the step store, ``question`` after each question
     (:data:`evolve.executor.EVENTS`).
-    The history is ingested first, in its own step (:meth:`ConversationSession.ingest`), then
+    The history is ingested first, on its own (:meth:`ConversationSession.ingest`), then
     the questions are asked. Both run on up to ``config.llm_concurrency`` threads, each host
     section in its turn (ingestion first, then question order), so questions' planning calls
     overlap ingestion; a question that shares its plan key with an earlier one starts after
-    that one has finished, so it finds the stage outputs a sequential run finds.
+    that one has finished, so it finds the step outputs a sequential run finds.
     """
     run = ConversationSession(source, path, config, conv)
     if ticks is not None:
@@ -458,12 +458,12 @@ def run_conversation(
     )
 
 
-def evaluator_version() -> str:
-    """A digest of what the evaluator contributes to stage outputs: EVALUATOR_VERSION, the
+def pipeline_version() -> str:
+    """A digest of what the pipeline contributes to step outputs: PIPELINE_VERSION, the
     contract version, the prompt texts and extraction window (:func:`evolve.prompts.texts`),
     the truncation rule and budget, the embedding model, its precision and the installed
     versions of OUTPUT_LIBRARIES."""
     versions = library_versions(OUTPUT_LIBRARIES)
-    parts = [EVALUATOR_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
+    parts = [PIPELINE_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
              Embedder.name, Embedder.dim, versions, precision()]  # fmt: skip
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -1,4 +1,4 @@
-"""One question's trace through evaluation: what each stage produced, its scores, its error.
+"""One question's trace through evaluation: what each step produced, its scores, its error.
 
 A :class:`QuestionTrace` is built by the worker (:mod:`evolve.session`: query, retrieval,
 answer, diagnostics, error), completed by the executor (question labels, scores, judge detail)
@@ -14,7 +14,7 @@ Invariants:
   ignored.
 - Writing and reading back gives an equal trace (:meth:`QuestionTrace.to_json`,
   :func:`read_trace`).
-- ``error`` set means the question failed at the stage it names; its retrieval metrics are 0
+- ``error`` set means the question failed at the step it names; its retrieval metrics are 0
   and its answer is scored as empty (the executor's rule).
 """
 
@@ -31,7 +31,7 @@ class TraceError(ValueError):
 
 
 class QuestionTrace(BaseModel):
-    """One question's path through the stages, and its scores."""
+    """One question's path through the steps, and its scores."""
 
     model_config = ConfigDict(extra="ignore")
 

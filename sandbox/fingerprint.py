@@ -16,8 +16,8 @@ import.)
 
 They are sound only for programs that pass tier 1 (:mod:`sandbox.static` rejects the
 in-place changes at import the graph could not attribute), which is why the sandbox check
-hands them out with the checked program (:class:`sandbox.check.CheckedProgram`). The stage
-cache keys of :mod:`evolve.stagecache` chain them.
+hands them out with the checked program (:class:`sandbox.check.CheckedProgram`). The step
+cache keys of :mod:`evolve.stepcache` chain them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ MEMORY_COMPONENTS = tuple(dict.fromkeys(owner for owner, _ in MEMORY_METHODS.val
 
 
 def digest(*parts: Any) -> str:
-    """sha256 over the JSON of each part (shared with the stage keys)."""
+    """sha256 over the JSON of each part (shared with the step keys)."""
     h = hashlib.sha256()
     for part in parts:
         h.update(json.dumps(part, sort_keys=True, default=str).encode())
@@ -227,7 +227,7 @@ def _inert(annotation: ast.expr, bound: set[str]) -> bool:
 def fingerprints(source: str) -> dict[str, str]:
     """Component name -> fingerprint (hex). Raises SyntaxError on unparsable source. A pure
     function of the text, so the last sources' fingerprints are kept (a parent is compared with
-    each of its children, and every conversation of an evaluation keys its stages by them)."""
+    each of its children, and every conversation of an evaluation keys its steps by them)."""
     return dict(_fingerprints(source))
 
 

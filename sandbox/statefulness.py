@@ -1,14 +1,14 @@
 """Sandbox tier 1, module state: code whose effect outlives the call that made it.
 
-Owns the part of the static check (:mod:`sandbox.static`) that keeps stage reuse sound
+Owns the part of the static check (:mod:`sandbox.static`) that keeps step reuse sound
 (docs/design.md §2). A child program reuses its parent's stored outputs — the pickled ``Memory``
 instance, the extracted units — without re-running ``index`` or the extraction hooks in its own
-host, so the only state a stage may hand to a later one is what it returns or keeps on
+host, so the only state a step may hand to a later one is what it returns or keeps on
 ``self``. Everything else, module globals, class attributes, a mutable default, the
 module-global RNG, is missing (or different) after a restore, and ``retrieve`` would read
 what a fresh run would not.
 
-Owns :func:`import_time_nodes` (what runs at import; the stage fingerprints of
+Owns :func:`import_time_nodes` (what runs at import; the step fingerprints of
 :mod:`sandbox.fingerprint` use it too), :func:`import_time_mutations` and
 :func:`runtime_state_issues`. Both return :data:`Issue` tuples; :mod:`sandbox.static` turns them
 into findings.

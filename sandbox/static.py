@@ -52,7 +52,7 @@ Rejected, and why:
   splits, rubrics, gold labels, evidence ids, benchmark question files, the run store): a
   program uses only what its ``Memory`` is given, never labels, scorers or earlier results.
 - State that outlives the call or import that made it (:mod:`sandbox.statefulness`, which
-  the stage fingerprints rely on): in-place changes at import, and inside functions and
+  the step fingerprints rely on): in-place changes at import, and inside functions and
   methods ``global``/``nonlocal``, changes to module-level or class-level objects, mutable
   defaults and the module-global RNGs — a restored memory would not see them.
 - A ``retrieve`` that changes the memory (:mod:`sandbox.readonly`): writes to state rooted at

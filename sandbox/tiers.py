@@ -124,7 +124,7 @@ def _check_backend(backend: Any, before: tuple[Any, ...]) -> None:
 
 
 def _memory_state(program: LoadedProgram, memory: Any, backend: Any) -> bytes | None:
-    """The memory's state as the stage cache would store it, or None when it cannot be."""
+    """The memory's state as the step cache would store it, or None when it cannot be."""
     try:
         return dump_state(memory, program.module.__name__, backend)
     except Exception:  # unstorable (a lambda, a generator, ...): such a memory is rebuilt

@@ -26,7 +26,7 @@ what fitted in the order the units were indexed. A hit returns its whole unit, o
 RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
-The offline proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
+The constant proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
 marked ``(format)``: the offline fitness reads which evidence reached the context, not the
 dates or the order a reader gets it in. The defaults are the seed's original behaviour (no
 expansion, no prior, no relative floor, no length penalty, no cap, no overlap, whole units by

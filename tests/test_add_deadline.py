@@ -42,7 +42,7 @@ def add_once(repeat: int) -> None:
     source = embedding(repeat)
     assert source != SIMPLE
     pipeline = Pipeline(source, "p.py", llm=None, embedder=SlowEmbedder(), call_prefix="t",
-                        max_complete_calls=0, step_seconds=30.0)  # fmt: skip
+                        max_complete_calls=0, call_timeout=30.0)  # fmt: skip
     try:
         pipeline.open()
         segment = Segment("s1", "2024-05-01", tuple(

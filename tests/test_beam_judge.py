@@ -43,10 +43,10 @@ def test_ordering_alignment_ranks_and_scores():
     assert (empty.tau_norm, empty.final, empty.tau_b) == (0.0, 0.0, None)
 
 
-def rubric_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+def rubric_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
     """Item 'partial' earns 0.5, item 'full' earns 1.0, in both variants."""
     prompt = messages[-1]["content"]
-    assert role == "judge" and stage == "beam/rubric"
+    assert role == "judge" and purpose == "beam/rubric"
     return json.dumps({"score": 0.5 if "partial" in prompt else 1.0, "reason": "r"})
 
 
@@ -63,7 +63,7 @@ def test_rubric_partial_credit_in_both_variants():
 
 
 def test_rubric_reply_outside_the_scale_is_asked_again():
-    def script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+    def script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
         # by the conversation, not the call order: the two variants are judged at once
         return '{"score": 0.7}' if len(messages) == 1 else '{"score": 1}'
 
@@ -76,8 +76,8 @@ def test_rubric_reply_outside_the_scale_is_asked_again():
 
 
 def test_event_ordering_uses_alignment_and_tau_norm():
-    def align(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        assert stage == "beam/align"
+    def align(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        assert purpose == "beam/align"
         prompt = messages[-1]["content"]
         line = prompt.split("A: ")[1].split("\n")[0]
         item = prompt.split("B: ")[1].split("\n")[0]

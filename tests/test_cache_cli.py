@@ -1,4 +1,5 @@
-"""``evolve cache``: sizes, and pruning exactly the stage outputs no current evaluator reads."""
+"""``evolve cache``: sizes, and pruning exactly the step outputs no current pipeline version
+reads."""
 
 from __future__ import annotations
 
@@ -7,24 +8,24 @@ from pathlib import Path
 import pytest
 
 from evolve.cli.main import main
-from evolve.session import evaluator_version
-from evolve.stagecache import StageStore
+from evolve.session import pipeline_version
+from evolve.stepcache import StepStore
 
 
 def test_cache_shows_sizes_and_prunes_only_other_versions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stages = tmp_path / "stages"
-    current = StageStore(stages, version=evaluator_version())
+    current = StepStore(stages, version=pipeline_version())
     current.put_json("answer", "ab" * 32, "kept")
     current.put_bytes("index", "cd" * 32, b"state")
-    StageStore(stages, version="0" * 64).put_json("answer", "ef" * 32, "an old release's")
-    StageStore(stages).put_json("plan", "12" * 32, {"text": "before version folders"})
+    StepStore(stages, version="0" * 64).put_json("answer", "ef" * 32, "an old release's")
+    StepStore(stages).put_json("plan", "12" * 32, {"text": "before version folders"})
     (tmp_path / "llm-cache.sqlite").write_bytes(b"x" * 2048)
 
     assert main(["cache", "--cache-dir", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
-    assert "this evaluator version: 2 entries" in shown
+    assert "this pipeline version: 2 entries" in shown
     assert "other versions (unreadable now): 2 entries" in shown and "llm-cache.sqlite" in shown
     assert len([f for f in stages.rglob("*") if f.is_file()]) == 4  # nothing removed
 

@@ -115,7 +115,7 @@ def test_run_no_reuse_recomputes_every_stage(
                            "--no-progress", "--no-reuse", "--children", "1",
                            "--no-cascade")  # fmt: skip
     assert code == 0, err
-    # the run names the seed's constants offline search keeps (extraction and indexing read them)
+    # the run names the seed's constants constant search keeps (extraction and indexing read them)
     assert "but CHUNK_CHARS, CHUNK_OVERLAP (extraction and indexing read them" in " ".join(
         err.split()
     )

@@ -49,24 +49,24 @@ DROP_OS = edit("no os", "import bm25s\nimport os\nos.system('id')", "import bm25
 REFINE_ATTEMPTS = [BREAKS_CONTRACT, RENAME_BACK + HOSTILE, MISSING, DROP_OS + GOOD_NEIGHBOURS]
 
 
-def coder_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+def coder_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
     """Round by stage and attempt: cold start is good at once; the first refinement round
     breaks the contract, is hostile, does not apply, then is good; the second is hostile every
     time; integration is good."""
     repairs = sum(1 for m in messages if m["role"] == "assistant")
-    if stage.endswith("/diagnose"):
+    if purpose.endswith("/diagnose"):
         assert "diagnose" in messages[-1]["content"] and "SEARCH" not in messages[-1]["content"]
         return "The retrieval keeps too few units; raise what it keeps."
     assert "## Your diagnosis" in messages[1]["content"]
-    if stage == "cold_start/propose":
+    if purpose == "cold_start/propose":
         return GOOD_TOP_K
-    if stage.startswith("refinement"):
+    if purpose.startswith("refinement"):
         if "coder: no os" in messages[1]["content"]:  # the history shows the first round
             return HOSTILE
         return REFINE_ATTEMPTS[repairs]
-    if stage.startswith("integration"):
+    if purpose.startswith("integration"):
         return GOOD_USER
-    raise AssertionError(f"unexpected coder call {stage} with {repairs} repairs")
+    raise AssertionError(f"unexpected coder call {purpose} with {repairs} repairs")
 
 
 def config(data_dir: Path, cache: Path, **over: Any) -> RunConfig:
@@ -202,7 +202,7 @@ def test_the_runs_coder_is_told_the_runs_fitness(coder_run: Evolution):
 def test_each_repair_sees_the_previous_error(coder_run: Evolution):
     assert isinstance(coder_run.coder, ScriptedLLM)
     calls = coder_run.coder.transport_calls
-    repairs = [m for _, stage, m in calls if stage == "refinement/repair"]
+    repairs = [m for _, purpose, m in calls if purpose == "refinement/repair"]
     assert len(repairs) == 2 * REPAIRS
     first = repairs[0][-1]["content"]
     assert first.startswith("Your last reply could not be used") and "retrieve" in first
@@ -214,10 +214,10 @@ def test_accounting_in_the_run_call_log(coder_run: Evolution):
     spend = read_spend(store.root)
     assert isinstance(coder_run.coder, ScriptedLLM)
     calls = coder_run.coder.transport_calls
-    diagnoses = [stage for _, stage, _ in calls if stage.endswith("/diagnose")]
+    diagnoses = [purpose for _, purpose, _ in calls if purpose.endswith("/diagnose")]
     assert len(diagnoses) == 4  # one per round, before the first proposal
     assert spend.by_role["coder"].calls == len(calls) == 1 + 4 + 4 + 1 + 4
-    assert spend.by_stage["coder/refinement/repair"].calls == 2 * REPAIRS
+    assert spend.by_purpose["coder/refinement/repair"].calls == 2 * REPAIRS
     assert spend.total.cost_usd == pytest.approx(1e-6 * spend.total.tokens)
     per_candidate = sum(c.usage.get("proposal", {}).get("calls", 0) for c in store.candidates())
     assert per_candidate == len(calls)
@@ -248,11 +248,11 @@ def test_interrupted_coder_run_resumes_to_the_same_archive(
     cfg = config(data_dir, offline_cache)
     calls = []
 
-    def crashing(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        calls.append(stage)
+    def crashing(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        calls.append(purpose)
         if len(calls) == 4:  # mid-way through the first refinement round's repairs
             raise RuntimeError("the coder's process died")
-        return coder_script(role, stage, messages)
+        return coder_script(role, purpose, messages)
 
     with pytest.raises(LLMError):
         start(tmp_path, "broken", cfg, crashing).run()

@@ -22,20 +22,20 @@ import pytest
 from conftest import first_sessions
 
 from evolve.datasets.types import TaskSet
-from evolve.executor import evaluate
+from evolve.evalsetup import EvalSetup
+from evolve.executor import run_eval
 from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
-from evolve.stagecache import unframe
-from evolve.worker import WorkerConfig
+from evolve.stepcache import unframe
 from sandbox.check import CheckedProgram
 from sandbox.fingerprint import fingerprints
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 # dense, with a retrieval that numbers its calls: the text depends on the order of host calls.
 # Its retrieve changes the memory, which the sandbox's checks refuse; it is handed to the
-# evaluator as checked (a program that slipped past them), since the order must hold anyway.
+# evaluation as checked (a program that slipped past them), since the order must hold anyway.
 COUNTING = (SEEDS / "dense.py").read_text().replace(
     "    def retrieve(self, query):\n",
     "    asked = 0\n\n    def retrieve(self, query):\n        self.asked += 1\n",
@@ -49,12 +49,12 @@ def unchecked(source: str, path: Path) -> CheckedProgram:
     return CheckedProgram(source, str(path), digest, fingerprints(source))
 
 
-def jittery_task(role: str, stage: str, messages: list[Message]) -> str:
+def jittery_task(role: str, purpose: str, messages: list[Message]) -> str:
     time.sleep(random.uniform(0, 0.02))
-    return task_script(role, stage, messages)
+    return task_script(role, purpose, messages)
 
 
-def jittery_judge(role: str, stage: str, messages: list[Message]) -> str:
+def jittery_judge(role: str, purpose: str, messages: list[Message]) -> str:
     time.sleep(random.uniform(0, 0.01))
     prompt = str(messages[-1]["content"])
     return json.dumps({"score": (0, 0.5, 1)[len(prompt) % 3]})  # varies by item and variant
@@ -74,15 +74,15 @@ def tasks(data_dir: Path) -> TaskSet:
 def _evaluate(
     program: CheckedProgram, tasks: TaskSet, cache: Path, concurrency: int
 ) -> dict[str, Any]:
-    config = WorkerConfig(cache_dir=str(cache), task_model=ModelConfig(model="scripted"),
+    config = EvalSetup(cache_dir=str(cache), task_model=ModelConfig(model="scripted"),
                           embedder="hashing", script=jittery_task, diagnose=True,
                           llm_concurrency=concurrency)  # fmt: skip
     judge = ScriptedLLM(jittery_judge, Models(judge=ModelConfig(model="scripted")))
-    report = evaluate(program, tasks, config, jobs=1, judge=judge)
+    report = run_eval(program, tasks, config, jobs=1, judge=judge)
     traces = [json.loads(t.to_json()) for t in report.traces]
     for t in traces:
         t.pop("retrieve_ms")  # wall-clock time, not a result
-    calls = {role: u["stages"] for role, u in report.usage.items()}
+    calls = {role: u["purposes"] for role, u in report.usage.items()}
     return {"traces": traces, "scores": report.scores, "stages": report.stages, "calls": calls,
             "store": _store(cache / "stages")}  # fmt: skip
 
@@ -119,9 +119,9 @@ def test_concurrency_16_equals_sequential(tasks: TaskSet, tmp_path: Path) -> Non
 def test_one_conversation_keeps_several_calls_in_flight(tasks: TaskSet, tmp_path: Path) -> None:
     with FakeModelServer(latency_s=0.2) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url)
-        config = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=model,
+        config = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=model,
                               embedder="hashing", llm_concurrency=8)  # fmt: skip
-        report = evaluate(SEEDS / "dense.py", tasks, config, jobs=1)
+        report = run_eval(SEEDS / "dense.py", tasks, config, jobs=1)
         stats = server.stats()
     assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
     assert stats.max_in_flight > 1  # windows and questions overlap within one conversation

@@ -29,7 +29,7 @@ CUT = "return text[:OUT_CHAR_BUDGET]"
 
 
 def test_a_programs_prompt_over_the_cap_never_reaches_the_model() -> None:
-    llm = ScriptedLLM(lambda role, stage, messages: "ok")
+    llm = ScriptedLLM(lambda role, purpose, messages: "ok")
     serve = BackendService(HashingEmbedder(), llm, "eval", 8)
     header = {"method": "complete", "max_tokens": 10}
     with pytest.raises(BackendError, match=f"at most {MAX_PROMPT_CHARS:,}"):
@@ -44,7 +44,7 @@ def test_a_programs_prompt_over_the_cap_never_reaches_the_model() -> None:
 def test_concurrent_calls_stop_at_the_cap_counting_those_in_flight(tmp_path: Path) -> None:
     log = tmp_path / "calls.sqlite"
 
-    def slow(role: str, stage: str, messages: Any) -> str:
+    def slow(role: str, purpose: str, messages: Any) -> str:
         time.sleep(0.05)
         return "four words of reply"
 
@@ -78,8 +78,8 @@ def test_concurrent_calls_stop_at_the_cap_counting_those_in_flight(tmp_path: Pat
 def coder_script() -> Any:
     replies = iter([SEED.replace(CUT, f"return text[:{n}]") for n in (300, 400, 500, 600)])
 
-    def reply(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        if stage.endswith("/diagnose"):
+    def reply(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        if purpose.endswith("/diagnose"):
             return "Keep less text."
         return f"MESSAGE: whole file\n```python\n{next(replies)}```\n"
 
@@ -119,7 +119,7 @@ def test_a_token_cap_stops_a_run_mid_round_and_it_resumes_with_a_higher_cap(
     store = RunStore.create(tmp_path / "runs", build_manifest(config), run_id="capped2")
     coder = coder_script()
     rows = calllog.read_rows(calls_path(RunStore.open(tmp_path / "runs", "capped").root))
-    first_child = next(i for i, r in enumerate(rows) if r["stage"].endswith("/propose"))
+    first_child = next(i for i, r in enumerate(rows) if r["purpose"].endswith("/propose"))
     before = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows[: first_child + 1])
     cap = before + seed_tokens // 2  # the seed, the first proposal, half an evaluation
     run = evolution(config.replace(max_tokens=cap))

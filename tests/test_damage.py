@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 from evolve.cli.main import main
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.loop import Evolution, RunConfig, task_set
 from evolve.evolution.store import RunStore
-from evolve.executor import evaluate, write_run
+from evolve.executor import run_eval, write_run
 from evolve.models import close_connections
 from evolve.models.embed import _SCHEMA, HashingEmbedder, _sha256
 from evolve.models.llm import LLMError
 from evolve.models.testing import ScriptedLLM
-from evolve.stagecache import StageStore
-from evolve.worker import WorkerConfig
+from evolve.stepcache import StepStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "alpha"
@@ -237,9 +237,9 @@ def one_conversation(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     """The first valid conversation, a stage cache and the report of a clean evaluation."""
     cfg = RunConfig(data_dir=str(data_dir), seed_program="", cache_dir="", conversations=1)
     tasks = task_set(cfg, "valid")
-    cache = tmp_path_factory.mktemp("stagecache")
-    config = WorkerConfig(cache_dir=str(cache), task_model=None, embedder="hashing")
-    report = evaluate(ROOT / "seeds" / "hybrid.py", tasks, config, jobs=1)
+    cache = tmp_path_factory.mktemp("stepcache")
+    config = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
+    report = run_eval(ROOT / "seeds" / "hybrid.py", tasks, config, jobs=1)
     return tasks, config, report
 
 
@@ -273,12 +273,12 @@ def test_wrong_shape_stage_entries_are_recomputed_and_counted(one_conversation: 
     for i, entry in enumerate(retrieves):  # valid JSON, wrong shape
         entry.write_text(json.dumps([{"retrieved": 5}, "text", [], None][i % 4]))
     indexes[0].write_bytes(pickle.dumps([1, 2]))  # a whole pickle, not a memory state
-    again = evaluate(path, tasks, config, jobs=1)
+    again = run_eval(path, tasks, config, jobs=1)
     assert again.scores["overall"] == clean.scores["overall"] and again.meta["errors"] == 0
     n = len(tasks.questions)
     assert again.stages["retrieve"] == {**again.stages["retrieve"], "computed": n, "invalid": n}
     assert again.stages["index"]["computed"] == 1 == again.stages["index"]["invalid"]
-    third = evaluate(path, tasks, config, jobs=1)  # the bad entries were overwritten
+    third = run_eval(path, tasks, config, jobs=1)  # the bad entries were overwritten
     assert third.stages["retrieve"]["reused"] == n and third.stages["retrieve"]["invalid"] == 0
     assert third.scores["overall"] == clean.scores["overall"]
 
@@ -291,7 +291,7 @@ def test_wrong_shape_stage_entries_are_recomputed_and_counted(one_conversation: 
 )  # fmt: skip
 def test_every_json_read_checks_its_shape(tmp_path: Path, stage: str, bad: Any) -> None:
     seen: list[str] = []
-    store = StageStore(tmp_path, on_invalid=seen.append)
+    store = StepStore(tmp_path, on_invalid=seen.append)
     store.put_json(stage, "ab12", bad)
     assert store.get_json(stage, "ab12") is None and seen == [stage]
     (tmp_path / stage / "ab" / "ab12.json").write_bytes(b'{"trunc')
@@ -300,7 +300,7 @@ def test_every_json_read_checks_its_shape(tmp_path: Path, stage: str, bad: Any) 
 
 def test_index_state_must_be_a_whole_pickle(tmp_path: Path) -> None:
     seen: list[str] = []
-    store = StageStore(tmp_path, on_invalid=seen.append)
+    store = StepStore(tmp_path, on_invalid=seen.append)
     data = pickle.dumps({"units": list(range(100))})
     store.put_bytes("index", "cd34", data[:-5])
     assert store.get_bytes("index", "cd34") is None and seen == ["index"]
@@ -313,7 +313,7 @@ def test_an_edit_that_keeps_the_shape_fails_the_checksum(tmp_path: Path) -> None
     whole pickle) is served no more: its checksum fails, it is counted invalid and recomputed
     (served as if computed, before)."""
     seen: list[str] = []
-    store = StageStore(tmp_path, on_invalid=seen.append)
+    store = StepStore(tmp_path, on_invalid=seen.append)
     store.put_json("answer", "ab12", "Paris")
     path = next((tmp_path / "answer").rglob("ab12.json"))
     path.write_bytes(path.read_bytes().replace(b'"Paris"', b'"Rome"'))

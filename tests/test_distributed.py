@@ -34,8 +34,8 @@ from evolve.cli.main import main
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.slices import write_slice
 from evolve.distributed import RayExecutor, make_backend
-from evolve.executor import evaluate
-from evolve.worker import WorkerConfig
+from evolve.evalsetup import EvalSetup
+from evolve.executor import run_eval
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 START_S = 180.0  # `ray start` on a loaded two-core machine
@@ -98,8 +98,8 @@ def test_executor_starts_a_private_instance_that_matches_local(
     program = SEEDS / "hybrid.py"
 
     def run(backend: str) -> Any:
-        cfg = WorkerConfig(cache_dir=str(tmp_path / backend), task_model=None, embedder="hashing")
-        return evaluate(program, tasks, cfg, backend=make_backend(backend, 2))
+        cfg = EvalSetup(cache_dir=str(tmp_path / backend), task_model=None, embedder="hashing")
+        return run_eval(program, tasks, cfg, backend=make_backend(backend, 2))
 
     tasks_sent: list[str] = []
     submit = RayExecutor.submit

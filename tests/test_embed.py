@@ -170,16 +170,16 @@ def set_precision(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], N
     embed.precision.cache_clear()
 
 
-def test_the_precision_is_in_the_embedding_and_evaluator_versions(
+def test_the_precision_is_in_the_embedding_and_pipeline_versions(
     set_precision: Callable[[str], None],
 ) -> None:
-    from evolve.session import evaluator_version
+    from evolve.session import pipeline_version
 
     versions = {}
     for name in embed.PRECISIONS:
         set_precision(name)
         assert Embedder().precision == name
-        versions[name] = (embed.embedding_version(), evaluator_version())
+        versions[name] = (embed.embedding_version(), pipeline_version())
     assert versions["fp32"][0] != versions["bf16"][0]  # no fp32 vector serves a bf16 lookup
     assert versions["fp32"][1] != versions["bf16"][1]  # nor a stage output made with one
 

@@ -1,4 +1,5 @@
-"""The offline evolution loop: archive, specialists, selection, and resume after interruption.
+"""The evolution loop with the constant proposer: archive, specialists, selection, and resume
+after interruption.
 
 Runs on the first BEAM-100K conversation of train and of valid with the hashing embedder (a
 test double: the numbers mean nothing, but they are deterministic, which resume relies on).
@@ -105,7 +106,7 @@ def test_run_ablations_no_integration_and_random_cases(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
     """`--no-integration` files no integrated candidate; `--cases random` and
-    `--offline-search random` are recorded, and the offline proposer, which reads no cases, is
+    `--offline-search random` are recorded, and the constant proposer, which reads no cases, is
     given none; `--children 1 --no-cascade`: one child per round, evaluated in full."""
     argv = ["run", "--data-dir", str(data_dir), "--rounds", "1,1,1", "--no-integration",
             "--children", "1", "--no-cascade", "--offline-search", "random",
@@ -120,7 +121,7 @@ def test_run_ablations_no_integration_and_random_cases(
     recorded = store.manifest["config"]
     assert recorded["cases"] == "random" and recorded["rounds"]["integration"] == 0
     assert recorded["offline_search"] == "random"  # the random mutation, not optuna
-    assert all(c.message.startswith("offline: ") for c in store.candidates()[1:])
+    assert all(c.message.startswith("random: ") for c in store.candidates()[1:])
     assert recorded["children"] == 1 and recorded["cascade"] is False
     assert all(c.cascade is None and "minibatch" not in c.scores for c in store.candidates())
     proposed = store.events("proposed")
@@ -330,7 +331,7 @@ def test_report_is_self_contained_and_renders(
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120, check=True).stdout  # fmt: skip
     for title in ("Capability × candidate", "Lineage", "Best valid fitness so far", "Spend",
-                  "Stage cache", "Integration"):  # fmt: skip
+                  "Step cache", "Integration"):  # fmt: skip
         assert f"{title}" in dom
     assert "<svg" in dom and "<polyline" in dom
     shot = tmp_path / "report.png"

@@ -11,10 +11,10 @@ from conftest import first_sessions
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import Conversation, TaskSet
-from evolve.executor import EvalError, evaluate
+from evolve.evalsetup import EvalSetup
+from evolve.executor import EvalError, run_eval
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
-from evolve.worker import WorkerConfig
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 DENSE = (SEEDS / "dense.py").read_text()
@@ -36,10 +36,10 @@ def variant(tmp_path: Path, name: str, old: str, new: str, base: str = DENSE) ->
 
 
 def run(path: Path, tasks: TaskSet, cache: Path, **config: object) -> dict:
-    cfg = WorkerConfig(cache_dir=str(cache), task_model=None, embedder="hashing")
+    cfg = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
     if config:
-        cfg = WorkerConfig(cache_dir=str(cache), embedder="hashing", **config)  # type: ignore[arg-type]
-    report = evaluate(path, tasks, cfg, jobs=1)
+        cfg = EvalSetup(cache_dir=str(cache), embedder="hashing", **config)  # type: ignore[arg-type]
+    report = run_eval(path, tasks, cfg, jobs=1)
     return {**report.as_json(), "traces": report.traces}
 
 
@@ -97,16 +97,16 @@ def test_scripted_llm_retrieval_revision_costs_no_extraction_calls(tasks: TaskSe
     # a question that failed (a step past its time limit on a loaded machine) makes no plan or
     # answer call: say so, rather than fail the counts below without a reason
     assert [t.error for t in base["traces"]] == [None] * len(tasks.questions)
-    stages = base["usage"]["task"]["stages"]
-    assert stages["eval/extract"] >= len(tasks.conversations[0].sessions)
-    assert stages["eval/plan"] == stages["eval/answer"] == len(tasks.questions)
+    purposes = base["usage"]["task"]["purposes"]
+    assert purposes["eval/extract"] >= len(tasks.conversations[0].sessions)
+    assert purposes["eval/plan"] == purposes["eval/answer"] == len(tasks.questions)
     assert base["meta"]["mode"] == "online"
     assert all(t.answer == "This is a scripted answer." for t in base["traces"])
 
     child = run(variant(tmp_path, "child", "TOP_K = 200", "TOP_K = 3"), tasks, cache, **online)
-    stages = child["usage"]["task"]["stages"]
-    assert "eval/extract" not in stages and "eval/plan" not in stages
-    assert stages["eval/answer"] == len(tasks.questions)
+    purposes = child["usage"]["task"]["purposes"]
+    assert "eval/extract" not in purposes and "eval/plan" not in purposes
+    assert purposes["eval/answer"] == len(tasks.questions)
 
 
 def test_reuse_off_recomputes_every_stage_and_task_call(tasks: TaskSet, tmp_path: Path):
@@ -120,7 +120,7 @@ def test_reuse_off_recomputes_every_stage_and_task_call(tasks: TaskSet, tmp_path
     assert child["stages"]["extract"] == base["stages"]["extract"]
     for stage in ("extract", "index", "plan", "retrieve", "answer"):
         assert child["stages"][stage]["reused"] == 0
-    assert child["usage"]["task"]["stages"] == base["usage"]["task"]["stages"]
+    assert child["usage"]["task"]["purposes"] == base["usage"]["task"]["purposes"]
     assert child["usage"]["task"]["calls"] == base["usage"]["task"]["calls"] > 0
     reused = run(path, tasks, cache, **online)
     assert reused["stages"]["retrieve"]["reused"] == len(tasks.questions)  # stored all the same
@@ -190,10 +190,10 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
     path = variant(
         tmp_path, "hang", "        if not self.blocks:\n", code + "        if not self.blocks:\n"
     )
-    cfg = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
-                       step_seconds=3.0)  # fmt: skip
+    cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing",
+                       call_timeout=3.0)  # fmt: skip
     start = time.monotonic()
-    report = evaluate(path, tasks, cfg, jobs=1)
+    report = run_eval(path, tasks, cfg, jobs=1)
     assert time.monotonic() - start < 60
     errors = [t.error for t in report.traces]
     assert all("timed out" in e for e in errors), errors
@@ -225,9 +225,9 @@ def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: P
     small = TaskSet("beam", "small", tuple(convs), tuple(questions))
     reports = []
     for jobs in (1, 2):
-        cfg = WorkerConfig(cache_dir=str(tmp_path / f"cache{jobs}"), task_model=None,
+        cfg = EvalSetup(cache_dir=str(tmp_path / f"cache{jobs}"), task_model=None,
                            embedder="hashing")  # fmt: skip
-        reports.append(evaluate(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
+        reports.append(run_eval(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
     one, two = reports
     assert one.scores == two.scores and one.stages == two.stages
     keep = ("id", "retrieved", "scores", "error")
@@ -242,19 +242,19 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
     from evolve.models.llm import Models
     from evolve.models.testing import ScriptedLLM
 
-    judge = ScriptedLLM(lambda role, stage, messages: (
-        "NO" if stage == "beam/align" else '{"score": 0.5, "reason": "partly"}'),
+    judge = ScriptedLLM(lambda role, purpose, messages: (
+        "NO" if purpose == "beam/align" else '{"score": 0.5, "reason": "partly"}'),
         models=Models(judge=ModelConfig(model="scripted-judge")))  # fmt: skip
-    cfg = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
+    cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
                        embedder="hashing", script=task_script)  # fmt: skip
-    report = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
+    report = run_eval(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
     assert report.meta["judge"]["judge"] == "scripted-judge"
     assert report.meta["models"]["judge"] == "scripted-judge"
     assert "beam_official" in report.meta["metrics"]
     rubric = [q for q in tasks.questions if q.ability != "event_ordering"]
     assert judge.usage_summary()["judge"]["calls"] >= 2 * sum(len(q.rubric) for q in rubric)
     assert report.usage["judge"]["calls"] == judge.usage_summary()["judge"]["calls"]
-    again = evaluate(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)  # counts its own calls
+    again = run_eval(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)  # counts its own calls
     assert again.usage["judge"]["calls"] == report.usage["judge"]["calls"]
     assert again.usage["judge"]["cached_calls"] == 0  # the scripted judge has no request cache
     for trace in report.traces:
@@ -263,7 +263,7 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
             assert trace.scores["beam_official"] == 0.0  # int(0.5)
             assert trace.scores["beam_described"] == 0.5
     assert report.scores["headline"]["described"]["overall"] is not None
-    offline = evaluate(SEEDS / "dense.py", tasks, WorkerConfig(
+    offline = run_eval(SEEDS / "dense.py", tasks, EvalSetup(
         cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
     assert "beam_official" not in offline.meta["metrics"] and "headline" not in offline.scores
     assert offline.meta["judge"]["judge"] is None

@@ -27,7 +27,7 @@ from evolve.models.fake_server import (
     main,
     parse_rates,
     parse_sequence,
-    request_stage,
+    request_purpose,
 )
 from evolve.models.llm import LLMClient, ModelConfig, Models, parse_json_reply
 
@@ -36,7 +36,7 @@ JSON_FORMAT = {"type": "json_object", "schema": SCHEMA}
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "give me n"}]}
 
 
-def n_is_two(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+def n_is_two(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
     return '{"n": 2}'
 
 
@@ -142,7 +142,7 @@ def test_max_in_flight_is_exact() -> None:
     n = 8
     barrier = threading.Barrier(n, timeout=10)
 
-    def together(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+    def together(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
         barrier.wait()  # passes only with all n requests in flight at once
         return "ok"
 
@@ -199,7 +199,7 @@ def test_stop_ends_waits_joins_threads_and_frees_the_port() -> None:
 def test_stop_lets_a_reply_being_written_finish() -> None:
     before = set(threading.enumerate())
 
-    def slow(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+    def slow(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
         time.sleep(0.8)
         return "late but whole"
 
@@ -254,13 +254,13 @@ def test_seeded_rates_are_reproducible_and_near_their_rate() -> None:
         FaultPlan(rates={"500": 0.7, "429": 0.4})
 
 
-def test_request_stage_and_default_script() -> None:
+def test_request_purpose_and_default_script() -> None:
     units = {"type": "json_object", "schema": {"properties": {"units": {}}}}
     judge = {"type": "json_schema", "json_schema": {"schema": {"properties": {"score": {}}}}}
-    assert request_stage({"response_format": units}) == ("task", "fake/extract")
-    assert request_stage({"response_format": judge}) == ("judge", "fake/judge")
-    assert request_stage({"response_format": JSON_FORMAT}) == ("task", "fake/plan")
-    assert request_stage({}) == ("task", "fake/answer")
+    assert request_purpose({"response_format": units}) == ("task", "fake/extract")
+    assert request_purpose({"response_format": judge}) == ("judge", "fake/judge")
+    assert request_purpose({"response_format": JSON_FORMAT}) == ("task", "fake/plan")
+    assert request_purpose({}) == ("task", "fake/answer")
     assert json.loads(fake_script("judge", "fake/judge", []))["score"] == 1
     prompt = [{"role": "user", "content": "schema...\n\nQuestion: Where is it?"}]
     repair = [*prompt, {"role": "assistant", "content": "?"}, {"role": "user", "content": "again"}]

@@ -11,9 +11,9 @@ import pytest
 from conftest import first_sessions
 
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import EvalSetup
 from evolve.fanout import Turns
 from evolve.session import ConversationSession, run_conversation
-from evolve.worker import WorkerConfig
 
 SEED = Path(__file__).resolve().parents[1] / "seeds" / "dense.py"
 
@@ -56,7 +56,7 @@ def test_a_question_failing_before_its_section_does_not_stall_the_conversation(
         return original(self, q, turn)
 
     monkeypatch.setattr(ConversationSession, "question", question)
-    cfg = WorkerConfig(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
+    cfg = EvalSetup(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
                        llm_concurrency=4)  # fmt: skip
     outcome: list[BaseException] = []
 

@@ -15,13 +15,13 @@ from evolve.cli.eval import ceiling_line
 from evolve.cli.main import main
 from evolve.config import RunConfig
 from evolve.datasets.types import TaskSet
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import archive
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import evaluate
+from evolve.executor import run_eval
 from evolve.models.testing import HashingEmbedder
 from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY, choose
-from evolve.worker import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
@@ -54,8 +54,8 @@ def program(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
 
 
 def evaluated(path: Path, tasks: TaskSet, cache: Path) -> Any:
-    config = WorkerConfig(cache_dir=str(cache), task_model=None, embedder="hashing")
-    return evaluate(path, tasks, config, jobs=1)
+    config = EvalSetup(cache_dir=str(cache), task_model=None, embedder="hashing")
+    return run_eval(path, tasks, config, jobs=1)
 
 
 def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_it(

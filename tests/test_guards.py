@@ -24,7 +24,7 @@ from evolve.evolution.proposer import Request
 from evolve.evolution.stages import refinement_targets
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import transfer, transfer_lines
-from evolve.evolution.tpe import offline_proposer
+from evolve.evolution.tpe import constant_proposer
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPS = {f"q{i}": "FT"[i % 2] for i in range(24)}  # 12 F questions, 12 T questions
@@ -209,7 +209,7 @@ def test_the_seed_is_scored_on_every_guard_once_and_winners_only_on_demand(guard
 
 
 def test_guard_evaluations_reuse_stage_outputs(guarded):
-    """A child scored on a guard encodes nothing again (offline search keeps the chunk sizes):
+    """A child scored on a guard encodes nothing again (constant search keeps the chunk sizes):
     its index is the seed's, served from the stage cache (so nothing is extracted either)."""
     store, _ = guarded
     kept = archive(store.candidates())
@@ -242,9 +242,9 @@ def test_guard_data_never_reaches_diagnosis_cases_or_a_proposer(guarded, data_di
     assert not set(evolution.labels()) & questions  # never annotated
 
 
-def test_the_offline_proposer_and_its_targets_ignore_guard_scores(guarded, tmp_path: Path):
+def test_the_constant_proposer_and_its_targets_ignore_guard_scores(guarded, tmp_path: Path):
     """Scramble every guard figure of a copy of the run: the same request gives the same
-    refinement targets and the same offline proposal."""
+    refinement targets and the same constant proposal."""
     store, evolution = guarded
     request = evolution.requests[-1]
     labels = evolution.labels()
@@ -253,7 +253,7 @@ def test_the_offline_proposer_and_its_targets_ignore_guard_scores(guarded, tmp_p
     def outcome(s: RunStore) -> tuple[Any, ...]:
         candidates = s.candidates()
         targets = refinement_targets(parent, candidates, labels, "dependency", 0, 2)
-        proposal = offline_proposer(evolution.config, s.root).propose(request)
+        proposal = constant_proposer(evolution.config, s.root).propose(request)
         return targets, proposal.source, proposal.message
 
     copy_root = tmp_path / "copy"

@@ -14,7 +14,7 @@ from test_ariadne import BagOfWords
 from contract.program import LoadedProgram, load_program, offline_units
 from contract.records import build_record
 from contract.types import Message, Segment
-from evolve.evolution.offline import tunables
+from evolve.evolution.constants import tunables
 from sandbox.check import check_program
 
 SEED = Path(__file__).resolve().parents[1] / "seeds" / "hybrid.py"

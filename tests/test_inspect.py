@@ -24,7 +24,7 @@ from evolve.evolution.store import RunStore
 from evolve.models.embed import precision
 from evolve.scoring import fmt_score
 from evolve.scoring.fitness import retrieval_fitness
-from evolve.session import evaluator_version
+from evolve.session import pipeline_version
 from sandbox.check import check_program
 from sandbox.fingerprint import fingerprints
 
@@ -206,7 +206,7 @@ def test_no_runs_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_diff_of_a_child_against_its_parent(runs: Path, capsys: pytest.CaptureFixture[str]):
     store = RunStore.open(runs, RUN)
     child = store.get("c0001")
-    names = re.findall(r"([A-Z_]+) \S+ -> ", child.message)  # "offline: NAME old -> new, ..."
+    names = re.findall(r"([A-Z_]+) \S+ -> ", child.message)  # "random: NAME old -> new, ..."
     assert names
     report = as_json(capsys, "diff", child.parents[0], child.id, "--run", RUN,
                      "--runs-dir", str(runs))  # fmt: skip
@@ -370,7 +370,7 @@ def test_export_writes_a_standalone_checked_program(
     assert check_program(text, str(target)).passed
     config = store.manifest["config"]  # how it was scored, recorded and read back
     scored = read_scored_as(text)
-    assert scored == ScoredAs("offline", None, config["embedder"], precision(), evaluator_version())
+    assert scored == ScoredAs("offline", None, config["embedder"], precision(), pipeline_version())
     assert config["task_model"] is None and report["scored_as"] == asdict(scored)
     assert read_scored_as(body(text)) is None
 

@@ -13,11 +13,11 @@ from conftest import first_sessions
 
 from contract.types import ContractError
 from evolve.datasets.types import TaskSet
-from evolve.executor import evaluate
+from evolve.evalsetup import EvalSetup
+from evolve.executor import run_eval
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.prompts import INSTRUCTION_MAX_CHARS, reported_instructions
-from evolve.worker import WorkerConfig
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 DENSE = (SEEDS / "dense.py").read_text()
@@ -46,27 +46,27 @@ def test_styled_instructions_reach_every_prompt_through_a_model(
     prompts: list[tuple[str, str]] = []
     lock = threading.Lock()
 
-    def recording(role: str, stage: str, messages: list[Message]) -> str:
+    def recording(role: str, purpose: str, messages: list[Message]) -> str:
         with lock:
-            prompts.append((stage, str(messages[-1].get("content", ""))))
-        return fake_script(role, stage, messages)
+            prompts.append((purpose, str(messages[-1].get("content", ""))))
+        return fake_script(role, purpose, messages)
 
     path = tmp_path / "styled.py"
     path.write_text(STYLED)
     with FakeModelServer(recording) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url)
-        cfg = WorkerConfig(cache_dir=str(tmp_path / "cache"), task_model=model, embedder="hashing")
-        report = evaluate(path, tasks, cfg, jobs=1)
+        cfg = EvalSetup(cache_dir=str(tmp_path / "cache"), task_model=model, embedder="hashing")
+        report = run_eval(path, tasks, cfg, jobs=1)
     assert [t.error for t in report.traces] == [None] * len(tasks.questions)
     assert all(t.answer for t in report.traces)
     marks = {"extract": "QXTR Read the conversation", "plan": "QPLN Rewrite the question",
              "answer": "QANS two Answer the question"}  # fmt: skip
-    seen = {stage.rsplit("/", 1)[-1] for stage, _ in prompts}
+    seen = {purpose.rsplit("/", 1)[-1] for purpose, _ in prompts}
     assert {"extract", "plan", "answer"} <= seen
-    for stage, prompt in prompts:
-        kind = stage.rsplit("/", 1)[-1]
+    for purpose, prompt in prompts:
+        kind = purpose.rsplit("/", 1)[-1]
         if kind in marks:
-            assert prompt.startswith(marks[kind]), (stage, prompt[:80])
+            assert prompt.startswith(marks[kind]), (purpose, prompt[:80])
             assert "a first plan" not in prompt
 
 

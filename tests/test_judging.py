@@ -32,7 +32,7 @@ FIRST: list[bool] = []  # whether the run's first judge call judged a valid ques
 OTHER_SPLIT = threading.Event()  # a call of the other split has arrived
 
 
-def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+def judge_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
     prompt = messages[0]["content"]  # a repair request repeats it
     valid = any(item in prompt for item in VALID_ITEMS)
     with LOCK:
@@ -43,7 +43,7 @@ def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
         OTHER_SPLIT.wait(30)  # split's judging has made calls, so the two overlap
     elif valid != FIRST[0]:
         OTHER_SPLIT.set()
-    if stage == "beam/align":
+    if purpose == "beam/align":
         return "NO"
     if any(item in prompt for item in BROKEN):
         return "I would rather not say."
@@ -53,8 +53,8 @@ def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
 def coder_script() -> Any:
     replies = iter(CHILDREN)
 
-    def reply(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        if stage.endswith("/diagnose"):
+    def reply(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        if purpose.endswith("/diagnose"):
             return "Keep less text."
         return f"MESSAGE: whole file\n```python\n{next(replies)}```\n"
 

@@ -234,7 +234,7 @@ def test_a_reply_that_never_completes_holds_no_caller_nor_slot(
     monkeypatch.setattr(attempts, "WATCHDOG_GRACE_S", 0.5)
     stuck = threading.Event()
 
-    def script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+    def script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
         if not stuck.is_set():
             stuck.set()
             time.sleep(8)  # no timeout of the HTTP library would fire here
@@ -272,7 +272,7 @@ def test_fault_counts_reach_the_log_the_usage_totals_and_status(tmp_path: Path) 
     assert rows == [(2, 1, 0, 0), (0, 0, 0, 1)]
     usage = llm.usage_summary()["coder"]
     assert (usage["retries"], usage["rate_limited"], usage["repairs"]) == (2, 1, 1)
-    spend = read_spend(tmp_path).by_stage["coder/propose"].as_json()
+    spend = read_spend(tmp_path).by_purpose["coder/propose"].as_json()
     assert fault_text(spend) == "2 retries (1 rate-limited), 1 JSON repair"
 
 
@@ -296,13 +296,13 @@ def test_an_older_call_log_stays_readable_and_gains_the_counts(tmp_path: Path) -
 
 def test_the_transport_limits_reach_every_client_of_a_run(tmp_path: Path) -> None:
     from evolve.config import RunConfig
-    from evolve.evolution.loop import worker_config
-    from evolve.worker import make_llm
+    from evolve.evalsetup import make_llm
+    from evolve.evolution.loop import eval_setup
 
     config = RunConfig(data_dir=str(tmp_path), seed_program="s.py", cache_dir=str(tmp_path),
                        task_model=ModelConfig(model="openai/fake"), llm_concurrency=3,
                        llm_timeout=7.5)  # fmt: skip
-    worker = worker_config(config, tmp_path / "run", "evolve")
+    worker = eval_setup(config, tmp_path / "run", "evolve")
     assert (worker.llm_concurrency, worker.llm_timeout) == (3, 7.5)
     task = make_llm(worker)
     judge = role_client("judge", ModelConfig(model="openai/fake"),

@@ -53,7 +53,7 @@ def test_construction_is_lazy_and_roles_checked() -> None:
         ModelConfig(model="m", api_key="sk-nope")  # type: ignore[call-arg]
 
 
-def test_accounting_per_role_and_stage(tmp_path: Path) -> None:
+def test_accounting_per_role_and_purpose(tmp_path: Path) -> None:
     log = tmp_path / "llm.sqlite"
     llm = ScriptedLLM(["one two", "three", "four five six"], log_path=log, usd_per_token=0.5)
     a = llm.complete("task", "extract", "a b c")
@@ -80,7 +80,7 @@ def test_accounting_per_role_and_stage(tmp_path: Path) -> None:
     ]
 
     records = llm.drain_records()
-    assert [r.stage for r in records] == ["extract", "answer", "grade"]
+    assert [r.purpose for r in records] == ["extract", "answer", "grade"]
     assert llm.usage_summary() == {} and llm.drain_records() == []
     parent = ScriptedLLM([])
     parent.merge_records(pickle.loads(pickle.dumps(records)))  # as shipped from a worker
@@ -126,7 +126,7 @@ def test_a_reply_that_is_not_the_json_asked_for_is_not_cached(tmp_path: Path) ->
 
 
 def test_validation_failing_three_times_raises() -> None:
-    llm = ScriptedLLM(lambda role, stage, messages: '{"n": -1}')
+    llm = ScriptedLLM(lambda role, purpose, messages: '{"n": -1}')
     with pytest.raises(LLMError, match="3 attempts.*positive int"):
         llm.complete_json("judge", "grade", "give n", SCHEMA, positive_n)
     assert len(llm.transport_calls) == 3
@@ -186,7 +186,7 @@ def test_errors_are_not_cached_and_keys_never_stored(
     models = Models(task=ModelConfig(model="scripted", extra={"api_key": secret_extra}))
     replies = iter(["boom", "fine"])
 
-    def script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+    def script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
         reply = next(replies)
         if reply == "boom":
             raise RuntimeError(f"auth failed for {secret_env} / {secret_extra}\nsecond line")

@@ -399,7 +399,7 @@ def _prompt(call: tuple[str, str, list[Message]]) -> str:
 
 
 def test_each_type_gets_its_prompt(variants: dict[str, TaskSet]) -> None:
-    llm = ScriptedLLM(lambda role, stage, messages: "Yes.")
+    llm = ScriptedLLM(lambda role, purpose, messages: "Yes.")
     scorer = judge.Scorer(llm)
     for q in variants["s"].questions:
         judged = scorer.score(q, f"response to {q.id}")

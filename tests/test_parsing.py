@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from contract import parsing
-from evolve.evolution.offline import tunables
+from evolve.evolution.constants import tunables
 from sandbox.fingerprint import fingerprints
 from sandbox.static import check_source
 

@@ -15,13 +15,13 @@ import pytest
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
-from evolve.executor import evaluate
+from evolve.evalsetup import EvalSetup, make_llm
+from evolve.executor import run_eval
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.models.testing import HashingEmbedder, task_script
 from evolve.pipeline import Pipeline
 from evolve.session import run_conversation
-from evolve.worker import WorkerConfig, make_llm
 from sandbox.wire import STATE_CHUNK_BYTES
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
@@ -34,10 +34,10 @@ def conversation(data_dir: Path) -> TaskSet:
     return TaskSet("beam", "one", (conv,), tuple(questions))
 
 
-def pipeline_for(source: str, path: str, config: WorkerConfig) -> Pipeline:
+def pipeline_for(source: str, path: str, config: EvalSetup) -> Pipeline:
     return Pipeline(source, path, llm=make_llm(config), embedder=HashingEmbedder(),
                     call_prefix=config.call_prefix, max_complete_calls=config.max_complete_calls,
-                    step_seconds=config.step_seconds)  # fmt: skip
+                    call_timeout=config.call_timeout)  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", ["hybrid.py", "dense.py"])
@@ -46,10 +46,10 @@ def test_the_pipeline_retrieves_what_evaluation_retrieved(
     conversation: TaskSet, tmp_path: Path, seed: str, mode: str
 ) -> None:
     model = None if mode == "offline" else ModelConfig(model="scripted")
-    config = WorkerConfig(cache_dir=str(tmp_path / "c"), task_model=model, embedder="hashing",
+    config = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=model, embedder="hashing",
                           script=task_script if model else None)  # fmt: skip
     program = SEEDS / seed
-    report = evaluate(program, conversation, config, jobs=1)
+    report = run_eval(program, conversation, config, jobs=1)
     assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
     evaluated = {t.id: t.retrieved for t in report.traces}
     fresh = dataclasses.replace(config, cache_dir=str(tmp_path / "direct"))  # no reply reused
@@ -83,7 +83,7 @@ PADDED = (
 
 def test_a_state_of_several_chunks_crosses_whole(conversation: TaskSet, tmp_path: Path) -> None:
     assert "self.pad" in PADDED and "len(self.pad)" in PADDED
-    config = WorkerConfig(cache_dir=str(tmp_path), task_model=None, embedder="hashing")
+    config = EvalSetup(cache_dir=str(tmp_path), task_model=None, embedder="hashing")
     built, restored = (pipeline_for(PADDED, "padded.py", config) for _ in range(2))
     q = conversation.questions[0]
     try:
@@ -112,13 +112,13 @@ def test_a_failed_memory_is_not_built_again_for_every_question(
     extractions = 0
     lock = threading.Lock()
 
-    def script(role: str, stage: str, messages: list[Message]) -> str:
+    def script(role: str, purpose: str, messages: list[Message]) -> str:
         nonlocal extractions
-        if stage == "fake/extract":
+        if purpose == "fake/extract":
             with lock:
                 extractions += 1
             return '{"units": "none"}'
-        return fake_script(role, stage, messages)
+        return fake_script(role, purpose, messages)
 
     def run(questions: int, cache: Path) -> tuple[int, list[str]]:
         nonlocal extractions
@@ -127,9 +127,9 @@ def test_a_failed_memory_is_not_built_again_for_every_question(
         with FakeModelServer(script) as server:
             model = ModelConfig(model="openai/fake", api_base=server.base_url)
             # no response cache: a window asked again reaches the server again
-            config = WorkerConfig(cache_dir=str(cache), task_model=model, embedder="hashing",
+            config = EvalSetup(cache_dir=str(cache), task_model=model, embedder="hashing",
                                   llm_concurrency=1, reuse=False)  # fmt: skip
-            report = evaluate(SEEDS / "dense.py", tasks, config, jobs=1)
+            report = run_eval(SEEDS / "dense.py", tasks, config, jobs=1)
         return extractions, [t.error or "" for t in report.traces]
 
     once, (error,) = run(1, tmp_path / "one")
@@ -158,7 +158,7 @@ def test_the_completion_budget_is_per_add(conversation: TaskSet, tmp_path: Path)
     """``backend.max_complete_calls`` bounds each host request (contract.spec): a program may
     spend it again in every session's ``index``."""
     assert "self.backend.complete" in ASKING and "self.replies" in ASKING
-    config = WorkerConfig(cache_dir=str(tmp_path), task_model=ModelConfig(model="scripted"),
+    config = EvalSetup(cache_dir=str(tmp_path), task_model=ModelConfig(model="scripted"),
                           embedder="hashing", script=task_script, max_complete_calls=1)  # fmt: skip
     pipeline = pipeline_for(ASKING, "asking.py", config)
     sessions = conversation.conversations[0].sessions
@@ -189,7 +189,7 @@ def test_the_history_is_ingested_before_the_first_question(
     monkeypatch.setattr(Pipeline, "call", call)
     conv, questions = conversation.conversations[0], list(conversation.questions[:3])
     program = SEEDS / "dense.py"
-    config = WorkerConfig(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
+    config = EvalSetup(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
                           llm_concurrency=4)  # fmt: skip
     result = run_conversation(program.read_text(), str(program), conv, questions, config)
     assert [t.error for t in result.traces] == [None] * len(questions)

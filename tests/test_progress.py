@@ -114,24 +114,24 @@ def test_an_evaluation_with_a_task_model_and_a_judge_reports_windows_and_judge_c
     from typing import Any
 
     from evolve.config import RunConfig
+    from evolve.evalsetup import EvalSetup
     from evolve.evolution.loop import task_set
-    from evolve.executor import evaluate
+    from evolve.executor import run_eval
     from evolve.models.llm import ModelConfig, Models
     from evolve.models.testing import ScriptedLLM, task_script
-    from evolve.worker import WorkerConfig
 
-    def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        return "NO" if stage == "beam/align" else json.dumps({"score": 1.0, "reason": "ok"})
+    def judge_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        return "NO" if purpose == "beam/align" else json.dumps({"score": 1.0, "reason": "ok"})
 
     seed = Path(__file__).resolve().parents[1] / "seeds" / "simple.py"
     run = RunConfig(data_dir=str(beam_slice), seed_program=str(seed),
                     cache_dir=str(tmp_path / "c"), conversations=1)  # fmt: skip
     tasks = task_set(run, "train")
-    config = WorkerConfig(cache_dir=str(tmp_path / "c"), embedder="hashing",
+    config = EvalSetup(cache_dir=str(tmp_path / "c"), embedder="hashing",
                           task_model=ModelConfig(model="scripted"), script=task_script)  # fmt: skip
     judge = ScriptedLLM(judge_script, Models(judge=ModelConfig(model="scripted-judge")))
     seen: list[tuple[int, str | None]] = []
-    evaluate(seed, tasks, config, jobs=1, judge=judge,
+    run_eval(seed, tasks, config, jobs=1, judge=judge,
              on_progress=lambda n, what: seen.append((n, what)))  # fmt: skip
     assert sum(n for n, _ in seen) == len(tasks.questions)
     lines = [what or "" for _, what in seen]

@@ -16,8 +16,8 @@ from conftest import first_sessions
 
 from contract.spec import OUT_CHAR_BUDGET
 from evolve.datasets.beam import load_taskset
-from evolve.executor import evaluate
-from evolve.worker import WorkerConfig
+from evolve.evalsetup import EvalSetup
+from evolve.executor import run_eval
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 
@@ -28,9 +28,9 @@ def scores(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     smallest = min(valid.conversations, key=lambda c: c.n_chars)
     tasks = first_sessions(data_dir, 1, 100, conv_id=smallest.id.rsplit("/", 1)[-1])
     assert tasks.questions and tasks.conversations[0].n_chars > 5 * OUT_CHAR_BUDGET
-    config = WorkerConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), task_model=None)
+    config = EvalSetup(cache_dir=str(tmp_path_factory.mktemp("cache")), task_model=None)
     return {
-        seed: evaluate(SEEDS / f"{seed}.py", tasks, config, jobs=1).scores["overall"]
+        seed: run_eval(SEEDS / f"{seed}.py", tasks, config, jobs=1).scores["overall"]
         for seed in ("simple", "dense", "hybrid")
     }
 

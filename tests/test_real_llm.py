@@ -195,8 +195,8 @@ def test_eval_answers_and_judges_through_the_server(
             "extract", "index", "plan", "retrieve", "answer"}  # fmt: skip
         assert "beam_official" in trace["scores"]
     stages = {"eval/extract"} | ({"eval/plan", "eval/answer"} if answered else set())
-    assert set(usage["task"]["stages"]) >= stages
-    assert usage["judge"]["stages"].get("beam/rubric", 0) > 0  # empty answers are judged too
+    assert set(usage["task"]["purposes"]) >= stages
+    assert usage["judge"]["purposes"].get("beam/rubric", 0) > 0  # empty answers are judged too
     for role in ("task", "judge"):
         assert usage[role]["cached_calls"] == 0
         assert usage[role]["prompt_tokens"] > 0 and usage[role]["completion_tokens"] > 0

@@ -14,7 +14,7 @@ import evolve
 from evolve.evolution.export import HEADER_MARK, ScoredAs, read_scored_as
 from evolve.models.embed import precision
 from evolve.pipeline import Pipeline
-from evolve.session import evaluator_version
+from evolve.session import pipeline_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMPLE = (ROOT / "seeds" / "simple.py").read_text()
@@ -189,7 +189,7 @@ def header(scored: ScoredAs) -> str:
 
 
 def test_says_once_when_it_runs_otherwise_than_scored(tmp_path: Path):
-    here = ScoredAs("offline", None, "hashing", precision(), evaluator_version())
+    here = ScoredAs("offline", None, "hashing", precision(), pipeline_version())
     same = program(tmp_path, "same.py", header(here) + SIMPLE)
     assert read_scored_as(same.read_text()) == here
     notices: list[str] = []
@@ -201,9 +201,16 @@ def test_says_once_when_it_runs_otherwise_than_scored(tmp_path: Path):
     opened(tmp_path / "b", other, notices).close()
     (line,) = [n for n in notices if "scored otherwise" in n]
     for part in ("mode task model -> offline", "task model openai/gpt-4o-mini -> none",
-                 "embedder minilm -> hashing", "evaluator version 000000000000 ->"):  # fmt: skip
+                 "embedder minilm -> hashing", "pipeline version 000000000000 ->"):  # fmt: skip
         assert part in line, line
     assert "precision" not in line
+
+
+def test_an_export_header_from_before_the_pipeline_version_reads_as_one() -> None:
+    """Older exports name the pipeline version ``evaluator version``: read the same."""
+    scored = ScoredAs("offline", None, "hashing", precision(), "e" * 64)
+    old = header(scored).replace("#   pipeline version: ", "#   evaluator version: ")
+    assert old != header(scored) and read_scored_as(old + SIMPLE) == scored
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,13 @@ def deployment(sha: str = "a" * 64, embedder: str = "hashing") -> Deployment:
     return Deployment(sha, "1", "e" * 64, None, embedder, "fp32")
 
 
+def test_the_build_key_is_the_one_existing_stores_were_written_with():
+    """The pipeline version is hashed under its stored name (``evaluator_version``), so the
+    snapshots of a store written before the rename keep their build key."""
+    assert deployment().key() == "019e2fda956e9ddfd72a2c26"
+    assert "evaluator_version" in deployment().as_stored()
+
+
 def test_snapshots_by_build_and_position(tmp_path: Path):
     store = Store(tmp_path, deployment(), "x = 1\n")
     store.open_log("ana")

@@ -1,6 +1,6 @@
 """Deployed = evaluated: a BEAM-100K conversation added session by session through the public
 API gives, for every question, ``context()`` equal byte for byte to the retrieved text the
-evaluator scores (``evolve.executor.evaluate``, same program, same embedder), offline and with a
+evaluation scores (``evolve.executor.run_eval``, same program, same embedder), offline and with a
 scripted task model. The two sides share no cache."""
 
 from __future__ import annotations
@@ -12,28 +12,28 @@ import pytest
 import evolve
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
-from evolve.executor import evaluate
+from evolve.evalsetup import EvalSetup
+from evolve.executor import run_eval
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
-from evolve.worker import WorkerConfig
 
 PROGRAM = Path(__file__).resolve().parents[1] / "seeds" / "dense.py"
 
 
 @pytest.mark.parametrize("mode", ["offline", "scripted"])
-def test_context_equals_the_evaluators_retrieved_text(data_dir: Path, tmp_path: Path, mode: str):
+def test_context_equals_the_evaluations_retrieved_text(data_dir: Path, tmp_path: Path, mode: str):
     conv, questions = load_conversation(data_dir, "100K", "1")
     tasks = TaskSet("beam", "parity", (conv,), tuple(questions))
 
-    def config(cache: str) -> WorkerConfig:
+    def config(cache: str) -> EvalSetup:
         if mode == "offline":
-            return WorkerConfig(cache_dir=str(tmp_path / cache), task_model=None,
+            return EvalSetup(cache_dir=str(tmp_path / cache), task_model=None,
                                 embedder="hashing")  # fmt: skip
         model = ModelConfig(model="scripted")
-        return WorkerConfig(cache_dir=str(tmp_path / cache), embedder="hashing",
+        return EvalSetup(cache_dir=str(tmp_path / cache), embedder="hashing",
                             task_model=model, script=task_script)  # fmt: skip
 
-    report = evaluate(PROGRAM, tasks, config("eval-cache"), jobs=1)
+    report = run_eval(PROGRAM, tasks, config("eval-cache"), jobs=1)
     assert report.meta["errors"] == 0
     retrieved = {t.id: t.retrieved or "" for t in report.traces}
 

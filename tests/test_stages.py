@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
 
 
-def annotator_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
+def annotator_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
     assert role == "annotator"
     question = messages[-1]["content"].split("Question: ")[1].lower()
-    if stage == "route":
+    if purpose == "route":
         return json.dumps({"capability": "T" if "when" in question else "F"})
     return json.dumps({"primary": "T" if "when" in question else "F", "secondary": ["M", "T"]})
 
@@ -42,8 +42,8 @@ def annotator_script(role: str, stage: str, messages: list[dict[str, Any]]) -> s
 def coder_script() -> Any:
     values = itertools.count(81)
 
-    def reply(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        if stage.endswith("/diagnose"):
+    def reply(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        if purpose.endswith("/diagnose"):
             return "Retrieval keeps too few units."
         new = next(values)
         block = f"<<<<<<< SEARCH\nTOP_K = 80\n=======\nTOP_K = {new}\n>>>>>>> REPLACE\n"
@@ -97,8 +97,8 @@ def test_diagnostics_per_capability_reach_the_coder(full: Evolution):
         assert row["unit_chars"] > 0 and row["retrieved_chars"] > 0
     assert seed.scores["valid"]["diagnostics"] is None  # diagnostics steer on train only
     assert isinstance(full.coder, ScriptedLLM)
-    prompts = [m[-1]["content"] for _, stage, m in full.coder.transport_calls
-               if stage == "cold_start/diagnose"]  # fmt: skip
+    prompts = [m[-1]["content"] for _, purpose, m in full.coder.transport_calls
+               if purpose == "cold_start/diagnose"]  # fmt: skip
     assert prompts and "Stage diagnostics" in prompts[0] and "d_idx" in prompts[0]
 
 

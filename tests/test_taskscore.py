@@ -37,8 +37,8 @@ CHILD_A = SEED.replace(BAD_INSTRUCTION, f'"Answer. SCRIPTED-ANSWER[{GOOD}]"')
 CHILD_B = SEED.replace("return text[:30]", "return text[:OUT_CHAR_BUDGET]")
 
 
-def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-    if stage == "beam/align":
+def judge_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+    if purpose == "beam/align":
         return "NO"
     answer = messages[-1]["content"].split("ASSISTANT'S ANSWER:")[1]
     return json.dumps({"score": 1.0 if GOOD in answer else 0.0, "reason": "scripted"})
@@ -47,8 +47,8 @@ def judge_script(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
 def coder_script() -> Any:
     replies = iter([CHILD_A, CHILD_B])
 
-    def reply(role: str, stage: str, messages: list[dict[str, Any]]) -> str:
-        if stage.endswith("/diagnose"):
+    def reply(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
+        if purpose.endswith("/diagnose"):
             return "The answers are wrong."
         return f"MESSAGE: whole file\n```python\n{next(replies)}```\n"
 

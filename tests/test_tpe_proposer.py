@@ -1,4 +1,4 @@
-"""evolve/evolution/tpe.py: the optuna (TPE) offline proposer — seeded, derived from the run
+"""evolve/evolution/tpe.py: the optuna (TPE) constant proposer — seeded, derived from the run
 folder (so a resume and a replayed round propose the same child), train scores only,
 integration searching only where the two programs differ, and ``--offline-search random``."""
 
@@ -14,12 +14,12 @@ import pytest
 from optuna.distributions import IntDistribution
 
 from evolve.cli.main import build_parser
-from evolve.cli.run import _run_config
+from evolve.cli.runconfig import run_config
 from evolve.config import RunConfig, stored_config
-from evolve.evolution.offline import REBUILD, OfflineProposer, rebuild_names, tunables
+from evolve.evolution.constants import REBUILD, ConstantProposer, rebuild_names, tunables
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.tpe import STARTUP, SUBSPACE, TPEProposer, offline_proposer
+from evolve.evolution.tpe import STARTUP, SUBSPACE, TPEProposer, constant_proposer
 from sandbox.fingerprint import changed_components
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
@@ -85,7 +85,7 @@ def evolve(store: RunStore, proposer: TPEProposer, rounds: range) -> list[Propos
         req = request(store, r)
         child = proposer.propose(req)
         assert child.source is not None
-        assert child.message.startswith("optuna: " if r >= STARTUP - 1 else "offline: ")
+        assert child.message.startswith("optuna: " if r >= STARTUP - 1 else "random: ")
         assert hashlib.sha256(child.source.encode()).hexdigest() not in req.known
         assert changed_components(req.parent.source, child.source)
         file(store, child.source, [req.parent.id], objective(child.source))
@@ -200,24 +200,24 @@ def test_integration_searches_only_where_the_programs_differ(tmp_path: Path) -> 
 def test_random_search_stays_available(tmp_path: Path) -> None:
     cfg = RunConfig(data_dir="d", seed_program="s", cache_dir="c")
     assert cfg.offline_search == "optuna"
-    assert type(offline_proposer(cfg, tmp_path)) is TPEProposer
-    plain = offline_proposer(cfg.replace(offline_search="random"), tmp_path)
-    assert type(plain) is OfflineProposer
+    assert type(constant_proposer(cfg, tmp_path)) is TPEProposer
+    plain = constant_proposer(cfg.replace(offline_search="random"), tmp_path)
+    assert type(plain) is ConstantProposer
     proposal = plain.propose(Request("refinement", 0, CandidateView("c0", HYBRID, {}), "F"))
-    assert proposal.message.startswith("offline: ")
+    assert proposal.message.startswith("random: ")
     with pytest.raises(ValueError):
         cfg.replace(offline_search="grid")
 
 
-def test_the_flag_reaches_the_run_config(data_dir: Path, tmp_path: Path) -> None:
+def test_the_flag_reaches_therun_config(data_dir: Path, tmp_path: Path) -> None:
     argv = ["run", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path)]
     for extra, expected in (([], "optuna"), (["--offline-search", "random"], "random")):
         args = build_parser().parse_args([*argv, *extra])
-        assert _run_config(args).offline_search == expected
+        assert run_config(args).offline_search == expected
     # --search-seed seeds the proposer (a run repeated with another seed searches otherwise)
     for extra, seed in (([], 0), (["--search-seed", "7"], 7)):
-        config = _run_config(build_parser().parse_args([*argv, *extra]))
-        assert config.rng_seed == seed and offline_proposer(config, tmp_path).seed == seed
+        config = run_config(build_parser().parse_args([*argv, *extra]))
+        assert config.rng_seed == seed and constant_proposer(config, tmp_path).seed == seed
 
 
 def rebuilds(parent: str, child: str) -> bool:
@@ -231,7 +231,7 @@ def test_without_index_moves_no_child_encodes_the_conversations_again(tmp_path: 
     store = new_run(tmp_path, "r")
     children = evolve(store, TPEProposer(1, store.root, index_moves=False), range(STARTUP + 6))
     assert not any(rebuilds(HYBRID, c.source or "") for c in children)
-    fixed, free = OfflineProposer(0, index_moves=False), OfflineProposer(0)
+    fixed, free = ConstantProposer(0, index_moves=False), ConstantProposer(0)
     assert not any(rebuilds(HYBRID, fixed.mutate(HYBRID, None, r).source or "")
                    for r in range(60))  # fmt: skip
     assert any(rebuilds(HYBRID, free.mutate(HYBRID, None, r).source or "") for r in range(60))
@@ -249,9 +249,9 @@ def test_index_moves_are_off_unless_asked_and_old_runs_keep_them(
 ) -> None:
     argv = ["run", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path)]
     for extra, expected in (([], False), (["--index-moves"], True)):
-        config = _run_config(build_parser().parse_args([*argv, *extra]))
+        config = run_config(build_parser().parse_args([*argv, *extra]))
         assert config.index_moves is expected
-        assert offline_proposer(config, tmp_path).index_moves is expected
+        assert constant_proposer(config, tmp_path).index_moves is expected
     old = RunConfig(data_dir="d", seed_program="s", cache_dir="c").as_json()
     del old["index_moves"]  # a run stored before the option moved them
     assert stored_config({"config": old}, "r").index_moves is True

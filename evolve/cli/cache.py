@@ -1,14 +1,15 @@
-"""``evolve cache``: what the cache folder holds, and pruning what no current evaluator reads.
+"""``evolve cache``: what the cache folder holds, and pruning what no current pipeline version
+reads.
 
-Owns :func:`add_command` and :func:`cmd_cache`. The stage store keeps one folder per evaluator
-version under each stage (:mod:`evolve.stagecache`); an entry of another version, or of the
-layout before version folders, is never read by this version's evaluator
-(:func:`evolve.session.evaluator_version` is in every key), so ``--prune`` removes those
+Owns :func:`add_command` and :func:`cmd_cache`. The step store keeps one folder per pipeline
+version under each step (:mod:`evolve.stepcache`); an entry of another version, or of the
+layout before version folders, is never read by this pipeline version
+(:func:`evolve.session.pipeline_version` is in every key), so ``--prune`` removes those
 folders. The other caches (embeddings, LLM replies, ceilings) are keyed by their content and
 stay readable across versions; they are shown, never pruned here.
 
 Invariants: without ``--prune`` nothing is changed; a cache folder that does not exist is one
-``error:`` line; pruning removes only folders :func:`evolve.stagecache.stale_folders` names.
+``error:`` line; pruning removes only folders :func:`evolve.stepcache.stale_folders` names.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from evolve.cli.common import UsageError, default_cache_dir, out
-from evolve.session import evaluator_version
-from evolve.stagecache import stage_usage, stale_folders
+from evolve.session import pipeline_version
+from evolve.stepcache import stale_folders, step_usage
 
 
 def add_command(sub: Any) -> None:
     """Register ``evolve cache`` on the ``evolve`` parser's subparsers."""
     parser = sub.add_parser(
-        "cache", help="show the cache's size; --prune removes stage outputs no version reads"
+        "cache", help="show the cache's size; --prune removes step outputs no version reads"
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None,
@@ -34,7 +35,7 @@ def add_command(sub: Any) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--prune", action="store_true",
-        help="remove the stage outputs of other evaluator versions (no current one reads them)",
+        help="remove the step outputs of other pipeline versions (no current one reads them)",
     )  # fmt: skip
 
 
@@ -52,19 +53,19 @@ def cmd_cache(args: argparse.Namespace) -> int:
     root = Path(args.cache_dir) if args.cache_dir is not None else default_cache_dir()
     if not root.is_dir():
         raise UsageError(f"no cache folder at {root}")
-    version = evaluator_version()
+    version = pipeline_version()
     stages = root / "stages"
-    usage = stage_usage(stages, version)
+    usage = step_usage(stages, version)
     out.print(f"cache {root}")
-    out.print(f"stages, this evaluator version: {usage.current_entries:,} entries, "
+    out.print(f"steps, this pipeline version: {usage.current_entries:,} entries, "
               f"{_mib(usage.current_bytes)}")  # fmt: skip
-    out.print(f"stages, other versions (unreadable now): {usage.stale_entries:,} entries, "
+    out.print(f"steps, other versions (unreadable now): {usage.stale_entries:,} entries, "
               f"{_mib(usage.stale_bytes)}")  # fmt: skip
     for other in sorted(p for p in root.iterdir() if p.name != "stages"):
         out.print(f"{other.name}: {_mib(_size(other))}")
     if not args.prune:
         if usage.stale_entries:
-            out.print("evolve cache --prune removes the stage outputs of other versions")
+            out.print("evolve cache --prune removes the step outputs of other versions")
         return 0
     for folder in stale_folders(stages, version):
         shutil.rmtree(folder)

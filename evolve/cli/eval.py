@@ -45,7 +45,7 @@ from evolve.models.clients import role_client
 from evolve.scoring import fmt_score
 
 if TYPE_CHECKING:
-    from evolve.worker import WorkerConfig
+    from evolve.evalsetup import EvalSetup
 
 
 def add_eval(sub: Any) -> None:
@@ -139,7 +139,7 @@ def backend_of(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def judge_client(name: str | None, api_base: str | None, config: WorkerConfig) -> Any:
+def judge_client(name: str | None, api_base: str | None, config: EvalSetup) -> Any:
     """The LLM client of the judge role (None without a judge); calls logged and cached beside
     the task model's, under the same limits (``config``)."""
     judge = model_flag(name, api_base, max_tokens=256)
@@ -150,9 +150,9 @@ def judge_client(name: str | None, api_base: str | None, config: WorkerConfig) -
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from evolve.executor import OFFLINE_MODE, EvalError, evaluate, write_run
+    from evolve.evalsetup import EvalSetup, reset_endpoint
+    from evolve.executor import OFFLINE_MODE, EvalError, run_eval, write_run
     from evolve.trace import first_error
-    from evolve.worker import WorkerConfig, reset_endpoint
 
     read_program(args.program)
     root = data_dir(args.data_dir)
@@ -176,7 +176,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.embedder == "hashing":
         err.print("[bold red]embedder 'hashing' is a test double: scores are not meaningful[/]")
     cache = args.cache_dir or default_cache_dir()
-    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
+    config = EvalSetup(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
                           **llm_flags(args))  # fmt: skip
     reset_endpoint(config)  # a breaker an earlier command tripped: the endpoint may be back
     judge = judge_client(args.judge, args.api_base, config)
@@ -188,7 +188,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     with ProgressBar(len(tasks.questions), not args.no_progress) as advance:
         try:
-            report = evaluate(
+            report = run_eval(
                 args.program,
                 tasks,
                 config,
@@ -218,8 +218,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
+    from evolve.evalsetup import EvalSetup, reset_endpoint
     from evolve.executor import EvalError
-    from evolve.worker import WorkerConfig, reset_endpoint
 
     paths = args.programs or reference_programs()
     if not paths:
@@ -230,7 +230,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     tasks = sliced(tasks, args.conversations)
     task_model = task_config(args)
     cache = args.cache_dir or default_cache_dir()
-    config = WorkerConfig(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
+    config = EvalSetup(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
                           **llm_flags(args))  # fmt: skip
     reset_endpoint(config)  # a breaker an earlier command tripped: the endpoint may be back
     if task_model is None:
@@ -380,7 +380,7 @@ def _print_report(report: dict[str, Any]) -> None:
     stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
                        + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
                        for s, c in report["stages"].items())  # fmt: skip
-    out.print(f"stages (computed/reused): {stages}")
+    out.print(f"steps (computed/reused): {stages}")
     for conv, why in (meta.get("unstored_memory") or {}).items():
         out.print(f"[yellow]memory of {escape(conv)} not stored, rebuilt every evaluation:[/] "
                   f"{escape(why)}")  # fmt: skip

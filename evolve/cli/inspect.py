@@ -211,7 +211,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for line in summary.transfer_lines(status["transfer"]):
         out.print(line, markup=False, highlight=False)
     if status.get("diagnostics"):
-        diag = Table(title="stage diagnostics of the best program (train)")
+        diag = Table(title="step diagnostics of the best program (train)")
         keys = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
         diag.add_column("capability")
         for k in keys:

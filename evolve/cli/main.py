@@ -10,7 +10,7 @@ share :mod:`evolve.cli.common`; imports go one way, from this module down to the
 Every expected failure (bad flag, missing or malformed data, unreadable program, a run whose
 stored configuration does not load) ends with one ``error:`` line on stderr and exit status 2
 — argparse's own errors included (:class:`~evolve.cli.common.Parser`); nothing computed before
-the failure is lost, because stage outputs are stored as they are produced. A damaged file that
+the failure is lost, because step outputs are stored as they are produced. A damaged file that
 a command works around (:func:`evolve.models.damaged`) is one ``warning:`` line, once. A reader
 of stdout that leaves early (``evolve runs --json | head``) ends the command quietly, status 141
 (a shell's for SIGPIPE), never with a ``BrokenPipeError`` traceback.
@@ -97,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2
     except LLMError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))} (stage outputs computed so far are kept in "
+        err.print(f"[red]error:[/] {escape(str(exc))} (step outputs computed so far are kept in "
                   "the cache)", highlight=False, markup=True)  # fmt: skip
         return 2
     except KeyboardInterrupt:
-        err.print("interrupted: stage outputs computed so far are kept in the cache")
+        err.print("interrupted: step outputs computed so far are kept in the cache")
         return 130
     except BrokenPipeError:  # the reader of stdout left (``--json | head``): nothing more to say
         _quiet_stdout()

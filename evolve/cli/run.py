@@ -1,9 +1,11 @@
 """The ``evolve run`` command: build or reopen a run, estimate it, run the loop, report.
 
-Parsing and output only; the loop is :mod:`evolve.evolution.loop`, the manifest
-:mod:`evolve.evolution.manifest`, the estimate and caps :mod:`evolve.evolution.budget`. The
-config is :class:`evolve.config.RunConfig`; on ``--resume`` the stored one is validated first
-(:func:`evolve.config.stored_config`), so a damaged or incompatible run is one error line.
+Parsing and output only; the flags become the run's configuration in
+:mod:`evolve.cli.runconfig` (with the checks before a run folder is created); the loop is
+:mod:`evolve.evolution.loop`, the manifest :mod:`evolve.evolution.manifest`, the estimate and
+caps :mod:`evolve.evolution.budget`. The config is :class:`evolve.config.RunConfig`; on
+``--resume`` the stored one is validated first (:func:`evolve.config.stored_config`), so a
+damaged or incompatible run is one error line.
 Errors follow :mod:`evolve.cli.common`: one ``error:`` line and exit status 2
 (:class:`~evolve.cli.common.UsageError`); a run stopped by an error or a cap keeps everything it
 computed and resumes with ``--resume``, which names every damaged file it could not recover and
@@ -22,47 +24,37 @@ from rich.markup import escape
 from rich.table import Table
 
 from evolve.cli.common import (
-    MAX_ROUNDS,
     ProgressBar,
     UsageError,
     add_run_options,
     children_count,
     conversation_count,
-    data_dir,
-    default_cache_dir,
     err,
-    llm_flags,
     minibatch_count,
-    model_flag,
     non_negative_float,
     non_negative_int,
     out,
-    read_program,
     repairs_count,
     reply_tokens,
-    task_config,
     token_cap,
 )
+from evolve.cli.runconfig import check_seed, check_tasks, open_run, run_config
 from evolve.config import (
     CHILDREN,
     DEFAULT_CONVERSATIONS,
     MINIBATCH,
     SPLITS,
     RunConfig,
-    stored_config,
 )
-from evolve.datasets.benches import run_split, split_files
-from evolve.datasets.guards import DEFAULT_GUARDS, parse_guard
-from evolve.datasets.types import DataError
+from evolve.datasets.benches import run_split
+from evolve.datasets.guards import DEFAULT_GUARDS
 from evolve.evolution.archive import MARGIN
 from evolve.evolution.budget import estimate, read_spend
+from evolve.evolution.constants import rebuild_names
 from evolve.evolution.manifest import build_manifest
-from evolve.evolution.offline import rebuild_names
-from evolve.evolution.store import RunLocked, RunNotFound, RunStore
+from evolve.evolution.store import RunLocked, RunStore
 from evolve.evolution.summary import transfer, transfer_lines
 from evolve.models.llm import LLMError
-from evolve.resources import seed_file
-from evolve.scoring.fitness import mismatch
 
 
 def add_command(sub: Any) -> None:
@@ -80,7 +72,7 @@ def add_command(sub: Any) -> None:
     run.add_argument(
         "--coder",
         default=None,
-        help="coding LLM as a litellm id (default: --model); 'none' = the offline proposer",
+        help="coding LLM as a litellm id (default: --model); 'none' = the constant proposer",
     )
     run.add_argument(
         "--rounds",
@@ -119,8 +111,8 @@ def add_command(sub: Any) -> None:
     run.add_argument(
         "--no-reuse",
         action="store_true",
-        help="recompute every stage and task-model reply in every evaluation (the baseline "
-        "stage reuse is measured against; bench/run_reuse.py)",
+        help="recompute every step and task-model reply in every evaluation (the baseline "
+        "step reuse is measured against; bench/run_reuse.py)",
     )
     run.add_argument(
         "--children",
@@ -143,14 +135,14 @@ def add_command(sub: Any) -> None:
     run.add_argument(
         "--index-moves",
         action="store_true",
-        help="let offline search move the constants extraction and indexing read (chunk "
+        help="let constant search move the constants extraction and indexing read (chunk "
         "sizes); each such child encodes every conversation again",
     )
     run.add_argument(
         "--search-seed",
         type=non_negative_int,
         default=0,
-        help="seed of the run's random choices (offline search, sampled cases); a run repeated "
+        help="seed of the run's random choices (constant search, sampled cases); a run repeated "
         "with other seeds shows how much its outcome varies (default 0)",
     )
     run.add_argument(
@@ -188,125 +180,14 @@ def add_command(sub: Any) -> None:
         "--offline-search",
         choices=["optuna", "random"],
         default="optuna",
-        help="offline proposer: model-based TPE search (default) or seeded random mutation",
+        help="constant proposer: model-based TPE search (default) or seeded random mutation",
     )
     add_run_options(run)
     run.set_defaults(bench=None)  # unset: a new run's default is beam; a resumed run keeps its own
 
 
-def _run_config(args: argparse.Namespace) -> RunConfig:
-    """The RunConfig of a new run, or of the resumed one with this invocation's raised caps."""
-    try:
-        counts = [int(x) for x in (args.rounds if args.rounds is not None else "2,6,2").split(",")]
-    except ValueError:
-        counts = []
-    if len(counts) != 3 or min(counts) < 0 or max(counts) > MAX_ROUNDS:
-        raise UsageError(f"--rounds takes three numbers from 0 to {MAX_ROUNDS}, e.g. 2,6,2; got "
-                         f"{args.rounds!r}")  # fmt: skip
-    rounds = dict(zip(("cold_start", "refinement", "integration"), counts, strict=True))
-    if args.no_integration:
-        rounds["integration"] = 0
-    caps: dict[str, Any] = {
-        k: getattr(args, k)
-        for k in ("max_usd", "max_tokens", "repairs")
-        if getattr(args, k) is not None
-    }
-    caps.update(llm_flags(args))  # transport limits: a resumption may change them too
-    if args.resume:  # raised caps for this resumption; the manifest keeps the original ones
-        manifest = _open_run(args)[1]
-        config = stored_config(manifest, args.resume)
-        why = mismatch(manifest.get("fitness"), config.fitness().describe())
-        if why:  # its stored scores and new ones would be mixed in one archive
-            raise UsageError(f"run {args.resume} cannot be resumed: {why} (start a new run)")
-        if args.bench is not None and args.bench != config.bench:
-            raise UsageError(f"run {args.resume} evolves on {config.bench}; --bench {args.bench} "
-                             "cannot change that (start a new run for another bench)")  # fmt: skip
-        given = args.cache_dir and str(Path(args.cache_dir).resolve())
-        if given and given != config.cache_dir:  # replayed model calls live in the run's cache
-            raise UsageError(f"run {args.resume} keeps its cache at {config.cache_dir}; "
-                             "--cache-dir cannot move it on --resume (move the folder back, or "
-                             "start a new run)")  # fmt: skip
-        root = Path(config.data_dir)
-        if args.guard is not None and sorted(_guards(args.guard, config.bench, root)) != sorted(
-            config.guards
-        ):
-            raise UsageError(f"run {args.resume} keeps the guards it started with "
-                             f"({', '.join(config.guards) or 'none'}); --guard cannot change "
-                             "them (start a new run)")  # fmt: skip
-        if args.rounds is not None:
-            caps["rounds"] = rounds
-        return config.replace(**caps)
-    task = task_config(args)
-    from evolve.evolution.coder import MAX_TOKENS
-
-    coder_id = args.model if args.coder is None else args.coder
-    coder = model_flag(coder_id, args.api_base, max_tokens=args.coder_max_tokens or MAX_TOKENS)
-    default_seed = "simple.py" if coder else "hybrid.py"
-    seed = args.seed or seed_file(default_seed)
-    read_program(Path(seed), "seed program")
-    return RunConfig(
-        # absolute paths: a resumed run may be started from another directory
-        data_dir=str(data_dir(args.data_dir).resolve()), seed_program=str(Path(seed).resolve()),
-        bench=args.bench or "beam", rounds=rounds, jobs=args.jobs,
-        cache_dir=str(Path(args.cache_dir or default_cache_dir()).resolve()),
-        embedder=args.embedder, conversations=_slice(args.conversations, args.bench or "beam"),
-        task_model=task,
-        backend=args.backend, ray_address=args.ray_address,
-        coder_model=coder, judge_model=model_flag(args.judge, args.api_base, max_tokens=256),
-        judge_variant=args.judge_variant,
-        holistic=args.holistic, selection=args.selection, cases=args.cases,
-        offline_search=args.offline_search, index_moves=args.index_moves,
-        reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
-        minibatch=args.minibatch, rng_seed=args.search_seed,
-        guards=_guards(args.guard, args.bench or "beam", data_dir(args.data_dir)), **caps,
-    )  # fmt: skip
-
-
-def _guards(given: list[str] | None, bench: str, root: Path) -> tuple[str, ...]:
-    """The run's guard specs: the flags' (``none``: no guards), else the bench's default
-    (:data:`~evolve.datasets.guards.DEFAULT_GUARDS`) less those whose data ``root`` lacks, each
-    left out in one warning line; a spec that does not parse is one error line."""
-    if given is None:
-        kept = []
-        for spec in DEFAULT_GUARDS.get(bench, ()):
-            guard = parse_guard(spec)
-            try:
-                split_files(guard.bench, root, guard.split, guard.conversations)
-            except DataError as exc:
-                err.print(f"[yellow]default guard {spec} left out:[/] {escape(str(exc))} "
-                          "(--guard chooses guards, --guard none turns them off)",
-                          highlight=False)  # fmt: skip
-                continue
-            kept.append(guard.name)
-        return tuple(kept)
-    if "none" in given:
-        if len(given) > 1:
-            raise UsageError("--guard none turns guards off; it cannot be combined with others")
-        return ()
-    try:
-        names = [parse_guard(g).name for g in given]
-    except ValueError as exc:
-        raise UsageError(f"--guard: {exc}") from None
-    if len(set(names)) != len(names):
-        raise UsageError(f"--guard: a guard is named twice ({', '.join(names)})")
-    return tuple(names)
-
-
-def _slice(given: int | str | None, bench: str) -> int | None:
-    """The run's ``conversations``: the flag's count, None for ``all``, else the bench's default
-    (:data:`~evolve.config.DEFAULT_CONVERSATIONS`), said in one line."""
-    if given is None and bench in DEFAULT_CONVERSATIONS:
-        given = DEFAULT_CONVERSATIONS[bench]
-        err.print(
-            f"{bench}: train and valid read their first {given} conversations (the default; "
-            "--conversations all reads the full splits)",
-            highlight=False,
-        )
-    return None if given in (None, "all") else int(given)
-
-
 def _kept(config: RunConfig) -> str:
-    """What the offline proposer keeps of the seed's constants, for the run's first lines."""
+    """What the constant proposer keeps of the seed's constants, for the run's first lines."""
     if config.index_moves:
         return ""
     try:  # a resumed run's seed file may be gone or changed since: then nothing is named
@@ -327,38 +208,7 @@ def _say_fitness(config: RunConfig) -> None:
         err.print(line)
 
 
-def _check_seed(seed: str) -> None:
-    """Refuse a seed that fails the sandbox before a run is created for it (no run folder)."""
-    from sandbox.check import check_program
-
-    err.print(f"checking seed {Path(seed).name} in the sandbox")  # progress from the first second
-    report = check_program(read_program(Path(seed), "seed program"), seed)
-    if not report.passed:
-        raise UsageError(f"seed program {seed}: {report.repair_text()}")
-
-
-def _check_tasks(config: RunConfig, given: int | str | None) -> None:
-    """Refuse, before a run is created, splits that leave nothing to evaluate, a
-    ``--conversations`` count (``given``) above what train or valid holds, and guards that do
-    not load, are empty or share a conversation with train or valid."""
-    from evolve.evolution.loop import guard_sets, task_set
-    from evolve.executor import EvalError, check_evaluable
-
-    try:
-        for split in SPLITS:
-            tasks = task_set(config, split)
-            check_evaluable(tasks)
-            if given not in (None, "all") and len(tasks.conversations) < int(str(given)):
-                raise UsageError(f"--conversations {given}: {config.bench} {split} holds "
-                                 f"{len(tasks.conversations)} conversations (use at most that, "
-                                 "or 'all')")  # fmt: skip
-        for _, tasks in guard_sets(config):
-            check_evaluable(tasks)
-    except (EvalError, DataError) as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _say_guards(config: RunConfig) -> None:
+def _sayguards(config: RunConfig) -> None:
     """The run's guards in one line (or that it has none)."""
     if not config.guards:
         err.print("no guard sets: selection reads valid only (--guard BENCH:SPLIT adds one)")
@@ -366,14 +216,6 @@ def _say_guards(config: RunConfig) -> None:
     err.print(f"guards: {', '.join(config.guards)} — a new best or specialist must not be worse "
               f"there than the program it replaces (margin {MARGIN * 100:g} pp; --guard none "
               "turns them off)", highlight=False)  # fmt: skip
-
-
-def _open_run(args: argparse.Namespace) -> tuple[RunStore, dict[str, Any]]:
-    try:
-        store = RunStore.open(args.runs_dir, args.resume)
-    except RunNotFound as exc:
-        raise UsageError(str(exc)) from None
-    return store, store.manifest
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -389,15 +231,15 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     from evolve.evolution.loop import Evolution
     from evolve.executor import EvalError
 
-    config = _run_config(args)
+    config = run_config(args)
     _say_splits(config)
     if args.dry_run:
         return _dry_run(config)
     bar = ProgressBar(sum(config.rounds.values()), not args.no_progress, "round")
     if not args.resume:
-        _check_seed(config.seed_program)
-        _check_tasks(config, args.conversations)
-    store = _open_run(args)[0] if args.resume else RunStore.create(
+        check_seed(config.seed_program)
+        check_tasks(config, args.conversations)
+    store = open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
     try:
         store.lock()  # one process per run
@@ -406,7 +248,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     held.append(store)
     seed = Path(config.seed_program).name
     if config.coder_model is None:
-        err.print(f"[bold yellow]no coder model configured — offline evolution:[/] the offline "
+        err.print(f"[bold yellow]no coder model configured — constant search:[/] the constant "
                   f"proposer mutates {seed}'s tunable constants{_kept(config)} "
                   f"(run {store.run_id})")  # fmt: skip
     else:
@@ -415,7 +257,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
         err.print("[bold yellow]no task model configured — scored by offline retrieval metrics:"
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
     _say_fitness(config)
-    _say_guards(config)
+    _sayguards(config)
     if args.resume:
         _say_unrecovered(store)
         _rebuild_lost_log(store, config)
@@ -508,7 +350,7 @@ def _rebuild_lost_log(store: RunStore, config: RunConfig) -> float | None:
     costs = store.load_state().get("round_costs", [])
     usd = sum(float(c.get("usd", 0.0)) for c in costs)
     tokens = int(sum(float(c.get("tokens", 0)) for c in costs))
-    record = UsageRecord(ts=time.time(), role=calllog.REBUILT, stage="lost call log",
+    record = UsageRecord(ts=time.time(), role=calllog.REBUILT, purpose="lost call log",
                          model="unknown", prompt_tokens=tokens, completion_tokens=0,
                          cost_usd=usd, latency_s=0.0, cached=False, request_hash="rebuilt",
                          error=None)  # fmt: skip

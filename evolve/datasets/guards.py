@@ -30,7 +30,7 @@ KEY_PREFIX = "guard:"  # a candidate's scores key of a guard: KEY_PREFIX + Guard
 # BEAM: the LoCoMo sample (its one conversation, conv-26: other speakers, other question
 # kinds) and the first BEAM-500K conversation of the shipped `guard` split (five times
 # longer histories than BEAM-100K). One conversation each, the least that still guards: the seed
-# encodes the 500K one once (stage reuse serves every later candidate's index), and that is the
+# encodes the 500K one once (step reuse serves every later candidate's index), and that is the
 # cold run's longest single job (docs/design.md, "Guard sets").
 DEFAULT_GUARDS: dict[str, tuple[str, ...]] = {"beam": ("locomo:all@1", "beam:guard@1")}
 _SPEC = re.compile(r"^(?P<bench>[a-z0-9_]+):(?P<split>[A-Za-z0-9_:.-]+?)(?:@(?P<n>[0-9]+))?$")

@@ -6,7 +6,7 @@ Invariants:
 
 - Only train and valid tasks are annotated; the labels organise the optimizer's feedback (which
   capability is weak, which cases a refinement sees) and never reach a memory program.
-- With an annotator model (role ``annotator``, stage ``annotate``), each task is labelled by one
+- With an annotator model (role ``annotator``, purpose ``annotate``), each task is labelled by one
   JSON call; the reply is validated (capabilities from F, T, P, M, A; the primary not repeated
   among the secondaries) and repaired by the client if malformed; a task whose replies never
   validate keeps its native label, with a source that says so (a transport failure still stops

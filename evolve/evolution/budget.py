@@ -35,24 +35,24 @@ from typing import Any
 
 from evolve.models import calllog
 from evolve.models.llm import ModelConfig
-from evolve.models.usage import Tally as Tally  # re-exported
+from evolve.models.usage import Tally
 
 CALLS_FILE = "calls.sqlite"
 
 
 @dataclass
 class Spend:
-    """A run's spend: in total, per role and per (role, stage)."""
+    """A run's spend: in total, per role and per (role, purpose)."""
 
     total: Tally = field(default_factory=Tally)
     by_role: dict[str, Tally] = field(default_factory=dict)
-    by_stage: dict[str, Tally] = field(default_factory=dict)  # "role/stage" -> tally
+    by_purpose: dict[str, Tally] = field(default_factory=dict)  # "role/purpose" -> tally
 
     def as_json(self) -> dict[str, Any]:
         return {
             "total": self.total.as_json(),
             "by_role": {k: v.as_json() for k, v in sorted(self.by_role.items())},
-            "by_stage": {k: v.as_json() for k, v in sorted(self.by_stage.items())},
+            "by_purpose": {k: v.as_json() for k, v in sorted(self.by_purpose.items())},
         }
 
 
@@ -69,7 +69,7 @@ def read_spend(run_root: Path) -> Spend:
     for row in calllog.read_rows(path):
         spend.total.add(row)
         spend.by_role.setdefault(row["role"], Tally()).add(row)
-        spend.by_stage.setdefault(f"{row['role']}/{row['stage']}", Tally()).add(row)
+        spend.by_purpose.setdefault(f"{row['role']}/{row['purpose']}", Tally()).add(row)
     return spend
 
 
@@ -157,7 +157,7 @@ def estimate(
     judge: ModelConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Rows ``{"role", "what", "calls", "prompt_tokens", "completion_tokens", "usd"}``: upper
-    bounds (every evaluation recomputes every stage, no child is stopped by the cascade; every
+    bounds (every evaluation recomputes every step, no child is stopped by the cascade; every
     child uses all its repairs) and, for the coder, the expected case of one call per child.
     ``usd`` is None for a model litellm has no price for. Tokens are characters / 4."""
     rows: list[dict[str, Any]] = []

@@ -20,14 +20,14 @@ Invariants:
   reply with no block is used whole when it holds one fenced Python program defining
   ``class Memory``; anything else is refused.
 - History-guided diagnosis (docs/design.md §4): when there are cases, the model first writes a short
-  diagnosis (stage ``<stage>/diagnose``) from the cases and the history of earlier revisions of
+  diagnosis (purpose ``<stage>/diagnose``) from the cases and the history of earlier revisions of
   the target capability, then patches with its diagnosis in view. Integration shows both
   sides' changes against their common ancestor and paired differential cases.
 - A repair continues the same conversation: the model sees its own reply and the error, and
   its new blocks apply to the program its last reply produced (or to the parent when that reply
   did not apply).
 - Every call goes through :class:`~evolve.models.llm.LLMClient` (counted under role ``coder``,
-  stage ``<stage>/propose`` or ``<stage>/repair``; cached by request). A failed call raises
+  purpose ``<stage>/propose`` or ``<stage>/repair``; cached by request). A failed call raises
   :class:`~evolve.models.llm.LLMError`: a coder that cannot be reached stops the run, it is
   not a bad proposal.
 - The prompt holds only the parent's train scores and failing train cases, the specialists'

@@ -1,7 +1,7 @@
 """Evaluating candidates of a run: sandbox, score on the splits, file (docs/design.md §4).
 
 Owns :class:`Evaluator`. The children of a round are handed over together and evaluated
-together: one thread per child and split calls :func:`evolve.executor.evaluate` on the run's
+together: one thread per child and split calls :func:`evolve.executor.run_eval` on the run's
 one backend, so the conversation jobs of all of them are queued on the loky pool (or Ray) at
 once, never one program or split after another. Results are filed by the calling thread as each
 child finishes; only it writes the store. With ``RunConfig.cascade`` (never for the seed) each
@@ -11,14 +11,14 @@ child is screened on the round's minibatch first (the rules are :mod:`evolve.evo
   scores (``scores["minibatch"]``), the reason (in its message and ``cascade``) and its seconds,
   and costs nothing more; it is never an archive member (only ``evaluated`` ones are);
 - otherwise it is *promoted*: its screen is recorded (``cascade["verdict"] == "promoted"``,
-  status still ``proposed``) and it gets the full train + valid evaluation, where stage reuse
-  serves the minibatch conversations' stages.
+  status still ``proposed``) and it gets the full train + valid evaluation, where step reuse
+  serves the minibatch conversations' steps.
 
 **Guard sets** (:mod:`evolve.datasets.guards`, the archive's rule): the seed's full
 evaluation covers every guard of the run too (its figures are computed once). After a round's
 children are filed, :meth:`Evaluator.guard` replays the archive; while it names a challenger
 that won valid but has no guard figures (``Archive.pending``), that one candidate is evaluated
-on the guards (phase ``guard``: the same backend, stage reuse, task model and judge as valid,
+on the guards (phase ``guard``: the same backend, step reuse, task model and judge as valid,
 no diagnosis), its blocks filed under ``guard:<name>`` with the guard tests it met
 (``guards``), and the archive replayed again. A child the cascade stopped never reaches it, and
 only a candidate that would otherwise be promoted is ever scored on a guard.
@@ -44,13 +44,13 @@ from typing import Any
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend
+from evolve.evalsetup import EvalSetup
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, EvalReport, ProgressFn, evaluate
+from evolve.executor import EvalError, EvalReport, ProgressFn, run_eval
 from evolve.models.llm import LLMClient
 from evolve.trace import first_error
-from evolve.worker import WorkerConfig
 from sandbox.check import CheckedProgram, CheckReport, check_program
 
 JUDGED = ("evaluated", "rejected", "failed", "stopped")  # statuses never evaluated again
@@ -72,7 +72,7 @@ def score_block(result: EvalReport) -> dict[str, Any]:
         "questions": question_fitness(result.traces),
         "question_capabilities": {t.id: t.capability for t in result.traces},
         "diagnostics": result.scores.get("diagnostics"),
-        "stages": result.stages,  # computed / reused per cached stage
+        "stages": result.stages,  # computed / reused per cached step
     }
 
 
@@ -93,7 +93,7 @@ class Evaluator:
         self,
         store: RunStore,
         config: RunConfig,
-        worker: WorkerConfig,
+        setup: EvalSetup,
         judge: LLMClient | None,
         backend: Callable[[], JobBackend],
         tasks: Callable[[str], TaskSet],
@@ -101,7 +101,7 @@ class Evaluator:
         progress: EvalProgress | None = None,
         guards: Callable[[], Phase] = list,
     ) -> None:
-        self.store, self.config, self.worker, self.judge = store, config, worker, judge
+        self.store, self.config, self.setup, self.judge = store, config, setup, judge
         self.backend, self.tasks, self.after = backend, tasks, after
         self.progress = progress
         self.guards = guards  # (scores key, tasks) of each guard of the run, loaded on first use
@@ -223,14 +223,14 @@ class Evaluator:
         each split's progress has a display row of its own."""
 
         def one(i: int, name: str, tasks: TaskSet) -> EvalReport:
-            # stage diagnostics steer cold start: computed for the seed and its revisions
+            # step diagnostics steer cold start: computed for the seed and its revisions
             diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
-            worker = dataclasses.replace(self.worker, diagnose=diagnose)
+            setup = dataclasses.replace(self.setup, diagnose=diagnose)
             label = f"{job.candidate.id} {name.removeprefix('guard:')}"
             row = slot * len(splits) + i
             on_progress = self.progress and self.progress(row, label, len(tasks.questions))
             judge = self.judge.view() if self.judge else None  # its own records: its calls only
-            return evaluate(job.program, tasks, worker, judge=judge, backend=backend,
+            return run_eval(job.program, tasks, setup, judge=judge, backend=backend,
                             on_progress=on_progress,
                             judge_variant=self.config.judge_variant)  # fmt: skip
 

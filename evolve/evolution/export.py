@@ -8,17 +8,18 @@ Invariants:
 
 - **An export is the candidate plus comments.** The file is the candidate's source byte for byte
   with a block of ``#`` lines inserted after any shebang / encoding line, so its AST — hence its
-  stage-cache fingerprints and cached stage outputs — equals the candidate's, and removing the
+  step-cache fingerprints and cached step outputs — equals the candidate's, and removing the
   header block (and the blank line after it) gives back the source whose sha256 it records.
   It must pass the sandbox check before anything is written; an existing file is replaced only
   when asked, atomically.
 - **An export says how it was scored.** Its header records the run's mode (offline: one unit
   per message, the question as the query, the three instructions never run; or with a task
-  model), the task model, the embedder, and the embedding precision and evaluator version
-  (:func:`evolve.session.evaluator_version`) of the installation that exports it, which are
-  those its scores came from when the run was scored there (the stage cache keys every output
-  on them). :func:`read_scored_as` parses that block back (:class:`ScoredAs`); the runtime
-  compares it with what it runs (:mod:`evolve.runtime`).
+  model), the task model, the embedder, and the embedding precision and pipeline version
+  (:func:`evolve.session.pipeline_version`) of the installation that exports it, which are
+  those its scores came from when the run was scored there (the step cache keys every output
+  on them). :func:`read_scored_as` parses that block back (:class:`ScoredAs`), reading the
+  ``evaluator version`` line older exports wrote as the pipeline version; the runtime compares
+  it with what it runs (:mod:`evolve.runtime`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ ONLINE = "task model"
 OFFLINE_MEANS = "one unit per message, the question as the query, the instructions never run"
 SCORED_AS = "# scored as: "
 _SCORED_FIELDS = {"task model": "task_model", "embedder": "embedder", "precision": "precision",
-                  "evaluator version": "evaluator_version"}  # fmt: skip
+                  "pipeline version": "pipeline_version"}  # fmt: skip
+_OLD_NAMES = {"evaluator version": "pipeline version"}  # what exports before the rename wrote
 
 
 class ExportError(Exception):
@@ -61,14 +63,14 @@ class ScoredAs:
     task_model: str | None  # the litellm id; None offline
     embedder: str  # "minilm" or "hashing"
     precision: str  # the embedding precision (evolve.models.embed.precision)
-    evaluator_version: str
+    pipeline_version: str
 
     def lines(self) -> list[str]:
         """The header lines that record it (read back by :func:`read_scored_as`)."""
         mode = f"{OFFLINE} ({OFFLINE_MEANS})" if self.mode == OFFLINE else ONLINE
         return [f"{SCORED_AS}{mode}", f"#   task model: {self.task_model or 'none'}",
                 f"#   embedder: {self.embedder}", f"#   precision: {self.precision}",
-                f"#   evaluator version: {self.evaluator_version}"]  # fmt: skip
+                f"#   pipeline version: {self.pipeline_version}"]  # fmt: skip
 
     def differences(self, other: ScoredAs) -> list[str]:
         """``field: ours -> theirs`` for each field where ``other`` differs."""
@@ -76,20 +78,20 @@ class ScoredAs:
                  ("task model", self.task_model, other.task_model),
                  ("embedder", self.embedder, other.embedder),
                  ("precision", self.precision, other.precision),
-                 ("evaluator version", self.evaluator_version[:12],
-                  other.evaluator_version[:12])]  # fmt: skip
+                 ("pipeline version", self.pipeline_version[:12],
+                  other.pipeline_version[:12])]  # fmt: skip
         return [f"{name} {a or 'none'} -> {b or 'none'}" for name, a, b in pairs if a != b]
 
 
 def scored_as(store: RunStore) -> ScoredAs:
     """How the run's candidates were scored: its config's task model and embedder, with this
-    installation's precision and evaluator version."""
-    from evolve.session import evaluator_version  # the engine: loaded only when exporting
+    installation's precision and pipeline version."""
+    from evolve.session import pipeline_version  # the engine: loaded only when exporting
 
     config = stored_config(store.manifest, store.run_id)
     model = config.task_model.model if config.task_model else None
     return ScoredAs(OFFLINE if model is None else ONLINE, model, config.embedder, precision(),
-                    evaluator_version())  # fmt: skip
+                    pipeline_version())  # fmt: skip
 
 
 def read_scored_as(text: str) -> ScoredAs | None:
@@ -108,6 +110,7 @@ def read_scored_as(text: str) -> ScoredAs | None:
             fields["mode"] = OFFLINE if line[len(SCORED_AS) :].startswith(OFFLINE) else ONLINE
             for item in header[k + 1 : k + 1 + len(_SCORED_FIELDS)]:
                 name, _, value = item.removeprefix("#   ").partition(": ")
+                name = _OLD_NAMES.get(name, name)
                 if name in _SCORED_FIELDS:
                     fields[_SCORED_FIELDS[name]] = None if value == "none" else value.strip()
             break

@@ -15,11 +15,11 @@ Invariants:
 - **A test score is complete or absent.** If any test question fails (a program error, or a
   host killed for time on an overloaded machine), nothing is recorded and the candidate is not
   frozen: a partial score would describe the machine, not the program. Traces are written to
-  ``freeze-<id>/`` either way, and the stage cache keeps what was computed.
+  ``freeze-<id>/`` either way, and the step cache keeps what was computed.
 - **The test tasks match the run's.** Same restriction to the first ``conversations``
   conversations as the loop's (:func:`evolve.evolution.loop.task_set`), the run's embedder,
   cache and task model unless the caller overrides them
-  (:func:`~evolve.evolution.loop.worker_config`), and its judge (so the test score is the run's
+  (:func:`~evolve.evolution.loop.eval_setup`), and its judge (so the test score is the run's
   fitness mode); the block has the shape of train/valid (``fitness``, ``overall``,
   ``by_capability``, ``errors``). The ``frozen`` event records the sha256 of every test data
   file read, as the manifest does for train and valid.
@@ -38,10 +38,10 @@ from evolve.distributed import make_backend
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import calls_path
 from evolve.evolution.export import TEST_SPLIT
-from evolve.evolution.loop import task_set, worker_config
+from evolve.evolution.loop import eval_setup, task_set
 from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, ProgressFn, evaluate, write_run
+from evolve.executor import EvalError, ProgressFn, run_eval, write_run
 from evolve.models.clients import role_client
 from evolve.trace import first_error
 
@@ -96,24 +96,24 @@ def freeze(
     if not root.is_dir():
         raise FreezeError(f"data directory {root} does not exist; pass --data-dir")
     # test-split LLM calls count in the run's spend (the run's call log)
-    worker = worker_config(config, store.root, "freeze", reuse=True,
+    setup = eval_setup(config, store.root, "freeze", reuse=True,
                            cache_dir=cache_dir or config.cache_dir,
                            embedder=embedder or config.embedder)  # fmt: skip
     config = config.replace(data_dir=str(root))
     tasks = task_set(config, TEST_SPLIT)
     with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
         try:
-            report = evaluate(
+            report = run_eval(
                 store.source_path(meta.id),
                 tasks,
-                worker,
+                setup,
                 on_progress=advance,
                 backend=make_backend(config.backend, jobs or config.jobs, config.ray_address),
                 judge=role_client(
                     "judge",
                     config.judge_model,
                     log_path=calls_path(store.root),
-                    cache_path=Path(worker.cache_dir) / "llm-cache.sqlite",
+                    cache_path=Path(setup.cache_dir) / "llm-cache.sqlite",
                     **config.llm_limits(),
                 ),
                 judge_variant=config.judge_variant,
@@ -125,7 +125,7 @@ def freeze(
         first = first_error(report.traces)
         raise FreezeError(
             f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
-            f"(first: {first[:200]}); no test score was recorded — stages computed so far are "
+            f"(first: {first[:200]}); no test score was recorded — steps computed so far are "
             f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"
         )
     block = {
@@ -141,7 +141,7 @@ def freeze(
         test=fitness(block["overall"]),
         conversations=len(tasks.conversations),
         questions=len(tasks.questions),
-        embedder=worker.embedder,
+        embedder=setup.embedder,
         data=data_hashes(config, TEST_SPLIT),
         others=others,
     )

@@ -1,11 +1,11 @@
 """The evolution loop: cold start, refinement, trace-guided integration (docs/design.md §4).
 
 One round = ask the proposer for ``RunConfig.children`` children (K; :class:`~evolve.evolution.
-proposer.Proposer`: the LLM coder when a coder model is configured, else the offline proposer),
+proposer.Proposer`: the LLM coder when a coder model is configured, else the constant proposer),
 one after another, each checked in the sandbox (up to ``RunConfig.repairs`` repair attempts fed
 by the error) and filed; then judge them together (:mod:`evolve.evolution.evaluator`: evaluated
 concurrently on the backend, each screened on the round's train minibatch first when
-``RunConfig.cascade`` is on, the rest on train and valid with stage reuse). Selection never
+``RunConfig.cascade`` is on, the rest on train and valid with step reuse). Selection never
 reads the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``)
 that :func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so
 their questions carry that bench's native capabilities.
@@ -25,7 +25,7 @@ their questions carry that bench's native capabilities.
   separately, so they cannot drift from it. Each evaluation stores per-question fitness.
 - **Cold start** revises the best program with no target; **refinement** targets the best
   program's weakest capability on train; **integration** merges the best program with the
-  specialists (the offline proposer crosses constants over; the coder merges code).
+  specialists (the constant proposer crosses constants over; the coder merges code).
 - A child that fails the sandbox after its repairs is filed as ``rejected`` with the sandbox
   report, one the cascade stops as ``stopped``; a child whose proposals never produced a
   program files nothing and logs ``proposal_failed``. Each candidate records the errors of its
@@ -72,28 +72,29 @@ from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.guards import load_guard, parse_guard
 from evolve.datasets.types import TaskSet
 from evolve.distributed import JobBackend, make_backend
+from evolve.evalsetup import EvalSetup, make_embedder, reset_endpoint
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive
-from evolve.evolution.budget import Budget, Tally, Workload, calls_path, read_spend
+from evolve.evolution.budget import Budget, Workload, calls_path, read_spend
 from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
 from evolve.evolution.coder import CoderProposer, render_request, system_prompt
+from evolve.evolution.constants import ConstantProposer
 from evolve.evolution.evaluator import EvalProgress, Evaluator, Phase
-from evolve.evolution.offline import OfflineProposer
 from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
 from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_targets
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.tpe import offline_proposer
+from evolve.evolution.tpe import constant_proposer
 from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import Caps, SpendCapReached, write_caps
+from evolve.models.usage import Tally
 from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
-from evolve.session import evaluator_version
-from evolve.stagecache import StageKeys, StageStore
+from evolve.session import pipeline_version
+from evolve.stepcache import StepKeys, StepStore
 from evolve.trace import QuestionTrace
-from evolve.worker import WorkerConfig, make_embedder, reset_endpoint
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints
 
@@ -108,9 +109,7 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
     return archive(candidates).specialists
 
 
-def worker_config(
-    config: RunConfig, run_root: Path, call_prefix: str, **changes: Any
-) -> WorkerConfig:
+def eval_setup(config: RunConfig, run_root: Path, call_prefix: str, **changes: Any) -> EvalSetup:
     """What the evaluation workers of a run need (the one place it is built from a config):
     the run's cache, task model and embedder; LLM calls go to the run's call log, so they
     count in its spend. ``changes`` override fields (``cache_dir``, ``embedder``, ...)."""
@@ -120,7 +119,7 @@ def worker_config(
         "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
         "llm_concurrency": config.llm_concurrency, "llm_timeout": config.llm_timeout,
     }  # fmt: skip
-    return WorkerConfig(**{**fields, **changes})
+    return EvalSetup(**{**fields, **changes})
 
 
 def task_set(config: RunConfig, split: str) -> TaskSet:
@@ -198,16 +197,16 @@ class Evolution:
         self.proposer: Proposer = (
             CoderProposer(coder, config.fitness())
             if coder is not None
-            else offline_proposer(config, store.root)
+            else constant_proposer(config, store.root)
         )
-        # the offline proposer reads constants and scores, never cases: none are built for it
-        self.builds_cases = not isinstance(self.proposer, OfflineProposer)
+        # the constant proposer reads constants and scores, never cases: none are built for it
+        self.builds_cases = not isinstance(self.proposer, ConstantProposer)
         self._backend: JobBackend | None = None  # started on the first evaluation
         self.judge = judge or role_client("judge", config.judge_model, log_path=log,
                                           cache_path=cache if config.reuse else None,
                                           **config.llm_limits())  # fmt: skip
-        self.worker = worker_config(config, store.root, "evolve", script=task_script)
-        self.evaluator = Evaluator(store, config, self.worker, self.judge, lambda: self.backend,
+        self.setup = eval_setup(config, store.root, "evolve", script=task_script)
+        self.evaluator = Evaluator(store, config, self.setup, self.judge, lambda: self.backend,
                                    self.tasks, self.compare_routing, eval_progress,
                                    self.guards)  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
@@ -244,7 +243,7 @@ class Evolution:
     def run(self) -> CandidateMeta:
         """Run every remaining round (or until a budget cap); returns the best program overall."""
         write_caps(calls_path(self.store.root), Caps(self.config.max_usd, self.config.max_tokens))
-        reset_endpoint(self.worker)  # tripped by an earlier process: the endpoint may be back
+        reset_endpoint(self.setup)  # tripped by an earlier process: the endpoint may be back
         seed_source = Path(self.config.seed_program).read_text()
         seed = self.store.add_candidate(
             seed_source,
@@ -392,11 +391,11 @@ class Evolution:
         )
 
     def _units_of(self, source: str) -> UnitsOf:
-        """Where a case finds the units the program extracted from a train session: the stage
+        """Where a case finds the units the program extracted from a train session: the step
         store (trusted side), under the program's own extraction keys."""
         fps = fingerprints(source)
-        keys = StageKeys(fps, self.worker.model_sig, self.config.embedder, evaluator_version())
-        stages = StageStore(Path(self.config.cache_dir) / "stages", version=keys.evaluator)
+        keys = StepKeys(fps, self.setup.model_sig, self.config.embedder, pipeline_version())
+        stages = StepStore(Path(self.config.cache_dir) / "stages", version=keys.pipeline_version)
         convs = {c.id: c for c in self.tasks("train").conversations}
 
         def units(conv_id: str, i: int) -> list[dict[str, Any]] | None:

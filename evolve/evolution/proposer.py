@@ -2,7 +2,7 @@
 
 Owns :class:`Request` (everything a proposer may look at for one round), :class:`Proposal`
 (a child source, or the reason there is none) and the :class:`Proposer` protocol, implemented
-by :class:`~evolve.evolution.offline.OfflineProposer` (tunable constants, no LLM) and
+by :class:`~evolve.evolution.constants.ConstantProposer` (tunable constants, no LLM) and
 :class:`~evolve.evolution.coder.CoderProposer` (an LLM writing patches).
 
 Invariants:
@@ -10,7 +10,7 @@ Invariants:
 - A proposer never runs candidate code and never reads the valid or test split: it sees the
   parent's source, its train scores and failing train cases, the run's earlier revisions, and
   for integration the specialists' sources. The loop sandbox-checks what it returns.
-- Given the same request, a proposer returns the same proposal (the offline proposer is seeded;
+- Given the same request, a proposer returns the same proposal (the constant proposer is seeded;
   the coder's replies come from the request cache on a replay), which is what makes an
   interrupted round replay to the same candidate. A round's K children differ by
   ``Request.child``, so each is deterministic in (run seed, round, child index).
@@ -49,7 +49,7 @@ class Request:
     history: tuple[dict[str, Any], ...] = ()  # earlier revisions (of the target): their effects
     ancestor: CandidateView | None = None  # integration: latest common ancestor of the two
     differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
-    diagnostics: dict[str, Any] | None = None  # the parent's stage diagnostics on train
+    diagnostics: dict[str, Any] | None = None  # the parent's step diagnostics on train
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds, and
     # of this round's earlier children
     child: int = 0  # the index of this child within its round (0 .. RunConfig.children - 1)

@@ -8,13 +8,13 @@ Sections, each an ``<section id=...>``: ``summary``, ``transfer`` (the best's an
 fitness on valid and on each guard set, beside the ceiling), ``matrix`` (capability ×
 candidate valid fitness), ``lineage`` (the tree with each node's stage and target
 capability), ``progress`` (best valid fitness so far per capability, by candidate),
-``spend`` (per role and per role/stage), ``cache`` (stage-cache hit rates of the evaluations)
+``spend`` (per role and per role/purpose), ``cache`` (step-cache hit rates of the evaluations)
 and ``integration`` (the specialists that went into each integrated program).
 
 Invariants: the page needs no network and no script — styles are inline, charts are inline SVG,
 a watched page reloads by a meta refresh and is replaced atomically;
 every text from the run (messages, ids, model names) is HTML-escaped by the template; nothing
-here writes to the run except the caller's output file. Figures a run did not record (stage
+here writes to the run except the caller's output file. Figures a run did not record (step
 counts of runs made before they were kept, a split a candidate never reached) show as "—".
 """
 
@@ -133,7 +133,7 @@ def _progress(candidates: list[CandidateMeta]) -> dict[str, list[tuple[int, floa
 
 
 def _cache_rates(candidates: list[CandidateMeta]) -> dict[str, dict[str, Any]]:
-    """Per cached stage: computed and reused counts over every evaluation, and the hit rate
+    """Per cached step: computed and reused counts over every evaluation, and the hit rate
     (all None for a run that kept no counts)."""
     totals = {s: {"computed": 0, "reused": 0} for s in COMPONENTS}
     recorded = False
@@ -147,7 +147,7 @@ def _cache_rates(candidates: list[CandidateMeta]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for stage, t in totals.items():
         n = t["computed"] + t["reused"]
-        if not recorded:  # a run made before stage counts were kept
+        if not recorded:  # a run made before step counts were kept
             out[stage] = {"computed": None, "reused": None, "hit_rate": None}
         else:
             out[stage] = {**t, "hit_rate": t["reused"] / n if n else None}

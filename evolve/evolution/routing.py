@@ -8,7 +8,7 @@ Owns :func:`routed_fitness`, :func:`question_routes` and :func:`compare`.
   no specialist). Routing needs no new execution: specialists already have per-question scores.
 - The **oracle-label router** uses each question's native capability, which no real system
   knows: an upper bound for routing. The **question-only router** asks an LLM (role
-  ``annotator``, stage ``route``) for the capability from the question text alone; without a
+  ``annotator``, purpose ``route``) for the capability from the question text alone; without a
   model it is not available and the comparison says so.
 - :func:`compare` is recorded in the integrated candidate's valid scores (``routing``).
 """

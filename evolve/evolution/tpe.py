@@ -1,15 +1,15 @@
-"""Model-based offline proposer: optuna's TPE over a program's tunable constants (design §4).
+"""Model-based constant proposer: optuna's TPE over a program's tunable constants (design §4).
 
 Owns :class:`TPEProposer` (``--offline-search optuna``, the default) and
-:func:`offline_proposer`, which builds the strategy a run's config names (``random`` is
-:class:`~evolve.evolution.offline.OfflineProposer`, seeded random mutation, kept as an ablation).
+:func:`constant_proposer`, which builds the strategy a run's config names (``random`` is
+:class:`~evolve.evolution.constants.ConstantProposer`, seeded random mutation, kept as an ablation).
 
 The study. One optuna study per run, **derived from the run folder** every time a child is
 asked for, never kept beside it (as the archive is derived from the store): its trials are the
 run's evaluated candidates whose source the request counts as known (``Request.known``) but
 this round's earlier children (``Request.siblings``: judged together with this one, after it
 is proposed), in creation order; a trial's params are the candidate's tunable values
-(:func:`~evolve.evolution.offline.tunables`), its value the round's objective read from
+(:func:`~evolve.evolution.constants.tunables`), its value the round's objective read from
 **train** scores only — the capability's fitness in refinement (``Request.target``), the
 overall fitness otherwise (:func:`evolve.evolution.archive.fitness`). A child the cascade
 stopped is a trial too: its value is its parent's objective plus its paired difference to the
@@ -18,8 +18,8 @@ the many children the cascade stops still teach the model where not to go. A can
 values fall outside the space is left out.
 
 The space. A child searches only :data:`SUBSPACE` of the parent's searchable tunables (without
-the index moves unless the proposer allows them: :mod:`evolve.evolution.offline`) — the target
-capability's guided ones (:data:`~evolve.evolution.offline.GUIDANCE`) first, then others drawn
+the index moves unless the proposer allows them: :mod:`evolve.evolution.constants`) — the target
+capability's guided ones (:data:`~evolve.evolution.constants.GUIDANCE`) first, then others drawn
 by (seed, round, child) — and keeps the rest at the parent's values: TPE over all eighteen
 tunables of the hybrid seed with a dozen trials samples nearly uniformly, and every such
 child of a BEAM run (27 of 27, ``bench/search.py``) was far worse than its parent; a few
@@ -44,7 +44,7 @@ Invariants:
   the same children; nothing is written, so nothing half-written exists.
 - Every child is new (its sha256 not in ``request.known``) and changes at least one component
   fingerprint (only live tunables move); after :data:`ATTEMPTS` samples that give no new child
-  the round falls back to the random mutation of :class:`OfflineProposer`.
+  the round falls back to the random mutation of :class:`ConstantProposer`.
 - The proposer reads train scores only, never valid or test.
 """
 
@@ -66,9 +66,9 @@ from optuna.distributions import (
 
 from evolve.config import RunConfig
 from evolve.evolution.archive import fitness
-from evolve.evolution.offline import (
+from evolve.evolution.constants import (
     GUIDANCE,
-    OfflineProposer,
+    ConstantProposer,
     Tunable,
     Value,
     describe,
@@ -90,14 +90,14 @@ Space = dict[str, BaseDistribution]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def offline_proposer(config: RunConfig, run_dir: Path) -> OfflineProposer:
-    """The offline proposer ``config.offline_search`` names, for the run in ``run_dir``."""
+def constant_proposer(config: RunConfig, run_dir: Path) -> ConstantProposer:
+    """The constant proposer ``config.offline_search`` names, for the run in ``run_dir``."""
     if config.offline_search == "random":
-        return OfflineProposer(config.rng_seed, config.index_moves)
+        return ConstantProposer(config.rng_seed, config.index_moves)
     return TPEProposer(config.rng_seed, run_dir, config.index_moves)
 
 
-class TPEProposer(OfflineProposer):
+class TPEProposer(ConstantProposer):
     """TPE over the tunables, its study derived from the run folder; see the module docstring.
 
     Its ``mutate`` and ``crossover`` (the random strategy's) serve as the fallback."""
@@ -131,7 +131,7 @@ class TPEProposer(OfflineProposer):
 
     def _subspace(self, request: Request, names: list[str]) -> list[str]:
         """The :data:`SUBSPACE` tunables this child searches: the target capability's guided
-        ones (:data:`~evolve.evolution.offline.GUIDANCE`) first, then others, each group in an
+        ones (:data:`~evolve.evolution.constants.GUIDANCE`) first, then others, each group in an
         order drawn from (seed, round, child)."""
         keywords = [k for k, _ in GUIDANCE.get(request.target or "", ())]
         rng = random.Random(f"{self.seed}:{request.round_no}:{request.child}:subspace")

@@ -14,6 +14,9 @@ Invariants:
 - Columns added after the first version (:data:`FAULT_COLUMNS`) are added to an older log
   when it is first written to, once per process and file; :func:`read_rows` reads whatever
   columns a log has, so a reader counts a missing one as 0.
+- A call's ``purpose`` (what it is for: ``eval/extract``, ``cold_start/propose``) lives in the
+  column ``stage``, the name every existing log has; rows are written and read as ``purpose``
+  (:data:`_COLUMNS`), so no log needs a migration.
 - Each transaction borrows a pooled connection (:func:`evolve.models.sqlite_connection`).
 """
 
@@ -47,6 +50,14 @@ REBUILT = "rebuilt"
 # Columns added to ``calls`` after its first version: an older log gains them when written to.
 FAULT_COLUMNS = ("retries", "rate_limited", "timeouts", "repair")
 _migrated: set[tuple[int, str]] = set()
+# A call's purpose is stored in the column ``stage`` (the name logs were created with; renaming it
+# would need a migration of every existing log): rows are read and written with ``purpose``.
+_COLUMNS = {"purpose": "stage"}
+_FIELDS = {column: name for name, column in _COLUMNS.items()}
+
+
+def _to_columns(record: dict[str, Any]) -> dict[str, Any]:
+    return {_COLUMNS.get(name, name): value for name, value in record.items()}
 
 
 class LLMError(RuntimeError):
@@ -62,8 +73,9 @@ def damaged_log(path: Path, exc: Exception) -> LLMError:
     )
 
 
-def append(path: Path, row: dict[str, Any]) -> None:
+def append(path: Path, record: dict[str, Any]) -> None:
     """Append one call (a :class:`~evolve.models.llm.UsageRecord` as a dict) to the log."""
+    row = _to_columns(record)
     values = [int(v) if isinstance(v, bool) else v for v in row.values()]
     with _damage_said(path), _connection(path) as conn:
         conn.execute(
@@ -75,7 +87,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     """Every call in the log at ``path``, oldest first, with the columns the log has."""
     with _damage_said(path), sqlite_connection(path, CALLS_SCHEMA) as conn:
         cursor = conn.execute("SELECT * FROM calls ORDER BY id")
-        names = [d[0] for d in cursor.description]
+        names = [_FIELDS.get(d[0], d[0]) for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 
@@ -83,7 +95,7 @@ def read_rows_after(path: Path, last_id: int) -> list[dict[str, Any]]:
     """The calls logged after the one with id ``last_id`` (0: every call), oldest first."""
     with _damage_said(path), sqlite_connection(path, CALLS_SCHEMA) as conn:
         cursor = conn.execute("SELECT * FROM calls WHERE id > ? ORDER BY id", (last_id,))
-        names = [d[0] for d in cursor.description]
+        names = [_FIELDS.get(d[0], d[0]) for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 

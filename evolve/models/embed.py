@@ -24,8 +24,8 @@ Invariants:
   sha256(text))`` and stores float32 bytes, so each text is encoded once across processes and
   runs, and a vector made by other model files, library versions, encoding code or precision
   is never served (:func:`embedding_version`). Only the cache file is ever written.
-- :func:`library_versions` is the one reading of installed versions; the worker's evaluator
-  version (:mod:`evolve.session`) uses it too.
+- :func:`library_versions` is the one reading of installed versions; the pipeline
+  version (:func:`evolve.session.pipeline_version`) uses it too.
 - A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
   a miss, encoded again and overwritten (counted in ``stats.invalid``); a file SQLite calls
   corrupt is moved aside to ``<name>.corrupt-<time>`` (:func:`evolve.models.set_aside`), said

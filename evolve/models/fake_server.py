@@ -9,8 +9,8 @@ It speaks enough of the OpenAI API for litellm's ``openai/<name>`` provider with
 ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models``, and ``GET /stats`` (the
 :class:`ServerStats` as JSON). Replies come from a script in the convention of
 :class:`evolve.models.testing.ScriptedLLM` — a list consumed in order, or a callable ``(role,
-stage, messages) -> reply`` — called with a role and stage read off the request (see
-:func:`request_stage`); by default :func:`fake_script`, which is
+purpose, messages) -> reply`` — called with a role and purpose read off the request (see
+:func:`request_purpose`); by default :func:`fake_script`, which is
 :func:`evolve.models.testing.task_script` plus a judge that awards full marks. Usage tokens are
 whitespace-split words of the prompt and of the reply, as ScriptedLLM counts them.
 
@@ -120,8 +120,8 @@ class ServerStats:
     bad_requests: int = 0
 
 
-def request_stage(body: Mapping[str, Any]) -> tuple[str, str]:
-    """The (role, stage) a request stands for, read off its ``response_format`` schema: an
+def request_purpose(body: Mapping[str, Any]) -> tuple[str, str]:
+    """The (role, purpose) a request stands for, read off its ``response_format`` schema: an
     extraction reply (``units``) → ``task``/``fake/extract``; a judge's (``score``) →
     ``judge``/``fake/judge``; any other schema (a program's query) → ``task``/``fake/plan``; no
     schema → ``task``/``fake/answer``."""
@@ -138,7 +138,7 @@ def request_stage(body: Mapping[str, Any]) -> tuple[str, str]:
     return "task", "fake/plan"
 
 
-def fake_script(role: str, stage: str, messages: list[Message]) -> str:
+def fake_script(role: str, purpose: str, messages: list[Message]) -> str:
     """The default replies: :func:`~evolve.models.testing.task_script` for the task model, and a
     judge that gives every rubric item full marks. Both answer the conversation's first user
     message, so a repair turn ("reply again with the corrected JSON") gets the reply the
@@ -146,7 +146,7 @@ def fake_script(role: str, stage: str, messages: list[Message]) -> str:
     if role == "judge":
         return json.dumps({"score": 1, "reason": "scripted judge"})
     first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages))
-    return task_script(role, stage, messages[: first + 1])
+    return task_script(role, purpose, messages[: first + 1])
 
 
 class _Server(ThreadingHTTPServer):
@@ -213,7 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._inject(fault, body)
             return
         try:
-            text = owner._reply(*request_stage(body), messages)
+            text = owner._reply(*request_purpose(body), messages)
         except Exception as exc:  # a broken script is the test's bug: refuse, never retry
             owner._count("bad_requests")
             self._json(400, _error(f"script failed: {exc}", "invalid_request_error"))
@@ -320,7 +320,7 @@ class FakeModelServer:
     ``with FakeModelServer(latency_s=1, faults=FaultPlan(rates={"429": 0.1})) as server:`` then
     point a model at ``server.base_url`` (``.../v1``) as ``openai/fake``. ``script`` follows
     :class:`~evolve.models.testing.ScriptedLLM`'s convention (a list of replies, or a callable
-    ``(role, stage, messages) -> reply``). ``port=0`` takes an ephemeral port.
+    ``(role, purpose, messages) -> reply``). ``port=0`` takes an ephemeral port.
     """
 
     def __init__(
@@ -398,9 +398,9 @@ class FakeModelServer:
         with self._lock:
             self._stats.faults[kind] += 1
 
-    def _reply(self, role: str, stage: str, messages: list[Message]) -> str:
+    def _reply(self, role: str, purpose: str, messages: list[Message]) -> str:
         if callable(self.script):
-            return self.script(role, stage, messages)
+            return self.script(role, purpose, messages)
         with self._lock:
             used, self._replies_used = self._replies_used, self._replies_used + 1
         if used >= len(self.script):

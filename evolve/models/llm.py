@@ -15,11 +15,9 @@ Invariants:
   call log (:func:`evolve.models.calllog.append`). Token counts on a cache hit are those of the
   cached response (the work the request represents); ``cost_usd`` is money actually spent (None
   when litellm has no price).
-- The request cache (``cache_path``, SQLite table ``responses``) stores successful responses only
-  (a reply :meth:`LLMClient.complete_json` finds no usable JSON in is dropped from it again),
-  keyed by sha256 of the canonical JSON of (model id, messages, temperature, max_tokens,
-  json_schema, extra params without secret-named ones, and ``api_base`` when one is set).
-  Prompts are not stored, only their hash.
+- The request cache (``cache_path``; :mod:`evolve.models.requestcache`) is read before a call
+  and written after a success; a reply :meth:`LLMClient.complete_json` finds no usable JSON in
+  is dropped from it again.
 - A call that would reach a model is first admitted under the caps of the run it logs to
   (:func:`evolve.models.spendcap.admit`, counted in flight until its record is logged); a
   refusal raises :class:`~evolve.models.spendcap.SpendCapReached` and is not logged.
@@ -57,7 +55,6 @@ Invariants:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -78,11 +75,12 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from evolve.models import cache_transaction, calllog, spendcap
+from evolve.models import calllog, spendcap
 from evolve.models.attempts import Attempts, fault_kind, is_transient, retry_after, within
 from evolve.models.breaker import Breaker, EndpointDown
-from evolve.models.calllog import CALLS_SCHEMA, LLMError
+from evolve.models.calllog import LLMError
 from evolve.models.limiter import Limiter
+from evolve.models.requestcache import Cached, RequestCache, request_hash
 from evolve.models.usage import by_role
 from evolve.scrub import is_secret_name, mask_secrets, secret_values
 
@@ -154,8 +152,8 @@ class UsageRecord:
 
     ts: float
     role: str
-    stage: str  # the call's label ("eval/extract", "cold_start/propose"); column ``stage`` of
-    # calls.sqlite: not a pipeline component, not an evolution stage
+    purpose: str  # what the call is for ("eval/extract", "cold_start/propose"); stored in the
+    # ``stage`` column of calls.sqlite (evolve.models.calllog maps the name both ways)
     model: str
     prompt_tokens: int
     completion_tokens: int
@@ -246,7 +244,7 @@ class LLMClient:
         self.models = models
         self.breaker = breaker
         self.log_path = Path(log_path) if log_path is not None else None
-        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self.cache = RequestCache(cache_path)
         self.limiter = limiter
         self.timeout = timeout
         self._records: list[UsageRecord] = []
@@ -258,7 +256,7 @@ class LLMClient:
     def complete(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         messages: list[Message] | str,
         *,
         json_schema: dict[str, Any] | None = None,
@@ -273,12 +271,13 @@ class LLMClient:
             config = config.model_copy(update={"timeout": self.timeout})
         msgs = _as_messages(messages)
         max_tokens = max_tokens if max_tokens is not None else config.max_tokens
-        key = self._request_hash(config, msgs, json_schema, max_tokens)
+        key = request_hash(config, msgs, json_schema, max_tokens)
         began = time.perf_counter()
-        hit = self._cache_get(key)
-        if hit is not None:
-            hit = replace(hit, latency_s=time.perf_counter() - began, request_hash=key)
-            self._record(role, stage, hit, key, None, Attempts(None), repair)
+        found = self.cache.get(key)
+        if found is not None:
+            hit = Completion(found.text, found.prompt_tokens, found.completion_tokens, 0.0,
+                             time.perf_counter() - began, True, found.model, key)  # fmt: skip
+            self._record(role, purpose, hit, key, None, Attempts(None), repair)
             return hit
         if self.breaker is not None:  # the run's endpoint is down: refused, not logged
             self.breaker.check()
@@ -290,35 +289,36 @@ class LLMClient:
                 or (self.breaker is not None and self.breaker.tripped())
             ),
             wait=lambda state: counts.pause(lambda: float(self.retry_wait(state))),
-            before_sleep=lambda state: _say_retry(state, f"{role}/{stage}", config),
+            before_sleep=lambda state: _say_retry(state, f"{role}/{purpose}", config),
             reraise=True,
         )
         with spendcap.admit(self.log_path):  # the run's caps, this call counted in flight
             try:
                 reply = retrying(
-                    self._attempt, counts, role, stage, config, msgs, json_schema, max_tokens
+                    self._attempt, counts, role, purpose, config, msgs, json_schema, max_tokens
                 )
             except Exception as exc:
-                error = f"{role}/{stage} {config.model}: {type(exc).__name__}: {exc}"
+                error = f"{role}/{purpose} {config.model}: {type(exc).__name__}: {exc}"
                 error = _redact(error, config)
                 failed = Completion("", 0, 0, None, time.perf_counter() - began, False,
                                     config.model)  # fmt: skip
-                self._record(role, stage, failed, key, error, counts, repair)
+                self._record(role, purpose, failed, key, error, counts, repair)
                 if self.breaker is not None and is_transient(exc):
                     self.breaker.call_failed(_endpoint(config), exc)
                 down = isinstance(exc, EndpointDown)
                 raise (EndpointDown(str(exc)) if down else LLMError(error)) from None
             reply = replace(reply, latency_s=time.perf_counter() - began, cached=False,
                             request_hash=key)  # fmt: skip
-            self._cache_put(key, reply)
-            self._record(role, stage, reply, key, None, counts, repair)
+            self.cache.put(key, Cached(reply.text, reply.prompt_tokens, reply.completion_tokens,
+                                       reply.model))  # fmt: skip
+            self._record(role, purpose, reply, key, None, counts, repair)
         return reply
 
     def _attempt(
         self,
         counts: Attempts,
         role: str,
-        stage: str,
+        purpose: str,
         config: ModelConfig,
         messages: list[Message],
         json_schema: dict[str, Any] | None,
@@ -330,13 +330,13 @@ class LLMClient:
         if self.breaker is None:
             with counts.attempt():
                 return within(config.timeout, lambda: self._transport(
-                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                    role, purpose, config, messages, json_schema=json_schema, max_tokens=max_tokens
                 ))  # fmt: skip
         self.breaker.check()  # tripped by any process of the run since the call began
         try:
             with counts.attempt():
                 reply = within(config.timeout, lambda: self._transport(
-                    role, stage, config, messages, json_schema=json_schema, max_tokens=max_tokens
+                    role, purpose, config, messages, json_schema=json_schema, max_tokens=max_tokens
                 ))  # fmt: skip
         except Exception as exc:
             counted = is_transient(exc) and fault_kind(exc, retry_after(exc)) != "rate_limit"
@@ -348,7 +348,7 @@ class LLMClient:
     def complete_json(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         messages: list[Message] | str,
         schema: dict[str, Any],
         validate: Callable[[Any], T],
@@ -361,13 +361,13 @@ class LLMClient:
         conversation = _as_messages(messages)
         problem = ""
         for _ in range(JSON_ATTEMPTS):
-            reply = self.complete(role, stage, conversation, json_schema=schema,
+            reply = self.complete(role, purpose, conversation, json_schema=schema,
                                   max_tokens=max_tokens, repair=problem != "")  # fmt: skip
             try:
                 return validate(parse_json_reply(reply.text))
             except ValueError as exc:
                 problem = " ".join(str(exc).split())[:1000]
-                self._cache_forget(reply.request_hash)  # not the JSON asked for: no success
+                self.cache.forget(reply.request_hash)  # not the JSON asked for: no success
             conversation = [
                 *conversation,
                 {"role": "assistant", "content": reply.text},
@@ -378,7 +378,7 @@ class LLMClient:
                 },
             ]
         raise JSONReplyError(
-            f"{role}/{stage}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}"
+            f"{role}/{purpose}: no valid JSON after {JSON_ATTEMPTS} attempts: {problem}"
         )
 
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
@@ -424,7 +424,7 @@ class LLMClient:
     def _transport(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         config: ModelConfig,
         messages: list[Message],
         *,
@@ -466,65 +466,10 @@ class LLMClient:
             model=config.model,
         )
 
-    def _request_hash(
-        self,
-        config: ModelConfig,
-        messages: list[Message],
-        json_schema: dict[str, Any] | None,
-        max_tokens: int,
-    ) -> str:
-        extra = {k: v for k, v in config.extra.items() if not is_secret_name(k)}
-        payload = [config.model, messages, config.temperature, max_tokens, json_schema, extra]
-        if config.api_base is not None:  # another server may serve another model by this name
-            payload.append({"api_base": config.api_base})
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-    def _cache_get(self, key: str) -> Completion | None:
-        if self.cache_path is None:
-            return None
-        row = cache_transaction(
-            self.cache_path,
-            CALLS_SCHEMA,
-            "LLM request cache",
-            lambda conn: conn.execute(
-                "SELECT text, prompt_tokens, completion_tokens, model FROM responses"
-                " WHERE request_hash = ?",
-                (key,),
-            ).fetchone(),
-        )
-        if row is None:
-            return None
-        return Completion(row[0], row[1], row[2], 0.0, 0.0, True, row[3])
-
-    def _cache_forget(self, key: str) -> None:
-        """Drop a cached reply that turned out unusable (a replay asks the model again)."""
-        if self.cache_path is None or not key:
-            return
-        cache_transaction(
-            self.cache_path,
-            CALLS_SCHEMA,
-            "LLM request cache",
-            lambda conn: conn.execute("DELETE FROM responses WHERE request_hash = ?", (key,)),
-        )
-
-    def _cache_put(self, key: str, reply: Completion) -> None:
-        if self.cache_path is None:
-            return
-        cache_transaction(
-            self.cache_path,
-            CALLS_SCHEMA,
-            "LLM request cache",
-            lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                (key, reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model),
-            ),
-        )
-
     def _record(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         reply: Completion,
         key: str,
         error: str | None,
@@ -534,7 +479,7 @@ class LLMClient:
         record = UsageRecord(
             ts=time.time(),
             role=role,
-            stage=stage,
+            purpose=purpose,
             model=reply.model,
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,

@@ -36,11 +36,11 @@ class ScriptedLLM(LLMClient):
     """TEST DOUBLE — answers from a script instead of a model. For tests; never selected silently.
 
     ``script`` is a list of replies consumed in order (running out raises, which surfaces as
-    :class:`~evolve.models.llm.LLMError`), or a callable ``(role, stage, messages) -> reply``.
+    :class:`~evolve.models.llm.LLMError`), or a callable ``(role, purpose, messages) -> reply``.
     Tokens are whitespace-split words of the prompt's contents and of the reply; cost is
     ``usd_per_token`` × tokens, or None (unknown) when not given. Every role is configured with
     model id ``"scripted"`` unless ``models`` is passed. ``transport_calls`` lists
-    ``(role, stage, messages)`` of each call that reached the script.
+    ``(role, purpose, messages)`` of each call that reached the script.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class ScriptedLLM(LLMClient):
     def _transport(
         self,
         role: str,
-        stage: str,
+        purpose: str,
         config: ModelConfig,
         messages: list[Message],
         *,
@@ -77,10 +77,10 @@ class ScriptedLLM(LLMClient):
         max_tokens: int,
     ) -> Completion:
         with self._script_lock:
-            self.transport_calls.append((role, stage, messages))
+            self.transport_calls.append((role, purpose, messages))
             used = len(self.transport_calls) - 1
         if callable(self.script):
-            text = self.script(role, stage, messages)
+            text = self.script(role, purpose, messages)
         else:
             if used >= len(self.script):
                 raise IndexError(f"ScriptedLLM script exhausted after {len(self.script)} replies")
@@ -97,10 +97,10 @@ _ANSWER_MARK = re.compile(r"SCRIPTED-ANSWER\[([^\]]*)\]")
 _MESSAGE_LINE = re.compile(r"^\[(?P<id>[^\]]+)\] (?P<role>\w+): (?P<text>.*)$")
 
 
-def task_script(role: str, stage: str, messages: list[Message]) -> str:
+def task_script(role: str, purpose: str, messages: list[Message]) -> str:
     """A deterministic task model for executor tests (picklable, so workers can use it).
 
-    Answers the executor's three task prompts by stage: extraction → one ``{"content": ...}``
+    Answers the executor's three task prompts by purpose: extraction → one ``{"content": ...}``
     unit per rendered ``[id] role: text`` line (its first 300 characters); planning →
     ``{"text": <the question>}``; answer → a fixed sentence, or ``X`` when the program's answer
     instruction contains ``SCRIPTED-ANSWER[X]`` (so a revision of the instruction changes the
@@ -108,11 +108,11 @@ def task_script(role: str, stage: str, messages: list[Message]) -> str:
     Query have other required fields get validation errors, as they would from a real model.
     """
     prompt = str(messages[-1].get("content", ""))
-    if stage.endswith("/extract"):
+    if purpose.endswith("/extract"):
         lines = (_MESSAGE_LINE.match(line) for line in prompt.splitlines())
         units = [{"content": f"{m['role']}: {m['text'][:300]}"} for m in lines if m]
         return json.dumps({"units": units})
-    if stage.endswith("/plan"):
+    if purpose.endswith("/plan"):
         question = prompt.rsplit("Question: ", 1)[-1].split("\n", 1)[0]
         return json.dumps({"text": question})
     wanted = _ANSWER_MARK.search(prompt)

@@ -12,8 +12,8 @@ Invariants:
 
 - **Deployed = evaluated.** The program runs through the pipeline evaluation runs
   (:class:`evolve.pipeline.Pipeline`), with the task model and embedder built exactly as
-  evaluation builds them (:func:`evolve.worker.make_llm`, :func:`~evolve.worker.make_embedder`
-  from a :class:`~evolve.worker.WorkerConfig`): ``context()`` for a question is the retrieved
+  evaluation builds them (:func:`evolve.evalsetup.make_llm`, :func:`~evolve.evalsetup.make_embedder`
+  from a :class:`~evolve.evalsetup.EvalSetup`): ``context()`` for a question is the retrieved
   text evaluation scores for it, given the same sessions in the same order.
 - **The program is checked and confined.** It must pass the sandbox check
   (:func:`sandbox.check.check_program`) before it runs; it runs only in confined hosts, one per
@@ -21,7 +21,7 @@ Invariants:
 - **Said once, never silent.** With no task model the runtime uses the offline stand-ins (one
   unit per message, the question as the query, no answer) and says so in one line; when the
   program is an export whose header records another mode, task model, embedder, precision or
-  evaluator version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
+  pipeline version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
   says so in one line naming each difference.
 - **One user's writes take turns, reads run together** (:mod:`.scopes`): an ``add`` waits for
   the user's reads in progress and holds later ones back until it returns, so a read sees
@@ -49,6 +49,7 @@ from typing import Any
 
 from contract.spec import CONTRACT_VERSION
 from contract.types import Message, Segment
+from evolve.evalsetup import EvalSetup, make_embedder, make_llm
 from evolve.evolution.export import OFFLINE, OFFLINE_MEANS, ONLINE, ScoredAs, read_scored_as
 from evolve.models.embed import precision
 from evolve.models.llm import ModelConfig
@@ -56,8 +57,7 @@ from evolve.pipeline import Pipeline
 from evolve.runtime.log import LogError
 from evolve.runtime.scopes import Scopes
 from evolve.runtime.store import Deployment, Store, StoreError
-from evolve.session import evaluator_version
-from evolve.worker import WorkerConfig, make_embedder, make_llm
+from evolve.session import pipeline_version
 from sandbox.check import check_program
 from sandbox.isolate import HostFailure, ProgramFailure
 
@@ -84,16 +84,17 @@ def open_memory(
     read_hosts: int = 1,
     snapshot_every: int = SNAPSHOT_EVERY,
     notice: Callable[[str], None] = _say,
-    config: WorkerConfig | None = None,
+    config: EvalSetup | None = None,
 ) -> AgentMemory:
     """Open ``program`` (a memory program file, e.g. from ``evolve export``) over the store
     folder ``store`` (created if need be). ``model``: a litellm id for the task model, or None
     for the offline stand-ins; ``embedder``: ``minilm`` or ``hashing`` (a test double).
-    ``config`` replaces ``model`` and ``embedder`` by a whole worker configuration (what an
-    evaluation runs with). ``max_live``: confined hosts kept started, in all; ``read_hosts``:
-    hosts one user's reads may use side by side (each holds a copy of that user's memory and
-    indexes every session it is given); ``snapshot_every``: sessions between snapshots of a
-    memory. ``notice`` receives the runtime's one-line notices (default: stderr)."""
+    ``config`` replaces ``model`` and ``embedder`` by a whole
+    :class:`~evolve.evalsetup.EvalSetup` (what an evaluation runs with). ``max_live``: confined
+    hosts kept started, in all; ``read_hosts``: hosts one user's reads may use side by side
+    (each holds a copy of that user's memory and indexes every session it is given);
+    ``snapshot_every``: sessions between snapshots of a memory. ``notice`` receives the
+    runtime's one-line notices (default: stderr)."""
     path = Path(program)
     try:
         source = path.read_text(encoding="utf-8")
@@ -104,7 +105,7 @@ def open_memory(
         if embedder not in ("minilm", "hashing"):
             raise AgentMemoryError(f"unknown embedder {embedder!r} (use minilm or hashing)")
         task = ModelConfig(model=model) if model else None
-        config = WorkerConfig(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
+        config = EvalSetup(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
                               call_prefix=CALL_PREFIX)  # fmt: skip
     if min(max_live, read_hosts, snapshot_every) < 1 or read_hosts > max_live:
         raise AgentMemoryError("max_live, read_hosts and snapshot_every are at least 1, and "
@@ -126,7 +127,7 @@ class AgentMemory:
         path: str,
         digest: str,
         root: Path,
-        config: WorkerConfig,
+        config: EvalSetup,
         *,
         max_live: int,
         read_hosts: int,
@@ -136,8 +137,8 @@ class AgentMemory:
         self.config = config
         task = config.task_model.model if config.task_model else None
         running = ScoredAs(OFFLINE if task is None else ONLINE, task, config.embedder,
-                           precision(), evaluator_version())  # fmt: skip
-        self.deployment = Deployment(digest, CONTRACT_VERSION, running.evaluator_version, task,
+                           precision(), pipeline_version())  # fmt: skip
+        self.deployment = Deployment(digest, CONTRACT_VERSION, running.pipeline_version, task,
                                      config.embedder, running.precision)  # fmt: skip
         try:
             self.store = Store(root, self.deployment, source)
@@ -161,7 +162,7 @@ class AgentMemory:
                 return Pipeline(source, path, llm=self._llm, embedder=self._embedder,
                                 call_prefix=config.call_prefix,
                                 max_complete_calls=config.max_complete_calls,
-                                step_seconds=config.step_seconds,
+                                call_timeout=config.call_timeout,
                                 llm_concurrency=config.llm_concurrency)  # fmt: skip
 
             self._scopes = Scopes(self.store, pipeline, max_live=max_live, read_hosts=read_hosts,

@@ -13,7 +13,7 @@ Invariants:
 
 - **The log is the truth, a snapshot a shortcut.** A snapshot is the bytes the program's host
   dumped (:mod:`contract.state`; never unpickled here), named by the deployment's build key
-  (:meth:`Deployment.key`: program sha256, contract and evaluator versions, task model,
+  (:meth:`Deployment.key`: program sha256, contract and pipeline versions, task model,
   embedder, precision) and by the log position it holds. A memory is the newest snapshot of
   its build at or before the log's end, plus the log's sessions after it, each added once: no
   acknowledged session is lost and none is added twice. A snapshot is written to a temporary
@@ -61,14 +61,22 @@ class Deployment:
 
     program_sha256: str
     contract_version: str
-    evaluator_version: str
+    pipeline_version: str  # stored and hashed under its older name, evaluator_version
     task_model: str | None  # a litellm id; None: the offline stand-ins
     embedder: str
     precision: str
 
+    def as_stored(self) -> dict[str, Any]:
+        """The fields as the manifest stores them and :meth:`key` hashes them: the pipeline
+        version under ``evaluator_version``, the name stores were written with, so existing
+        stores keep their build keys and snapshots."""
+        record = asdict(self)
+        record["evaluator_version"] = record.pop("pipeline_version")
+        return record
+
     def key(self) -> str:
         """The build key snapshots are filed under (24 hex digits)."""
-        text = json.dumps(asdict(self), sort_keys=True)
+        text = json.dumps(self.as_stored(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -118,7 +126,7 @@ class Store:
             manifest["active"] = sha
         now = datetime.now(UTC).isoformat(timespec="seconds")
         entry = programs.setdefault(sha, {"first_used": now})
-        entry.update({k: v for k, v in asdict(deployment).items() if k != "program_sha256"})
+        entry.update({k: v for k, v in deployment.as_stored().items() if k != "program_sha256"})
         entry["last_used"] = now
         self.manifest = manifest
         write_atomic(root / "manifest.json", json.dumps(manifest, indent=1).encode(), mode=0o600)

@@ -13,7 +13,7 @@ Invariants:
   after retrieval and answering, with the answers the task model gave. It never sees the
   program or the retrieved text.
 - Every judge call goes through the :class:`~evolve.models.llm.LLMClient` it was built with,
-  under role ``judge`` and stage ``<bench>/<what>`` (so it is cached and counted like every
+  under role ``judge`` and purpose ``<bench>/<what>`` (so it is cached and counted like every
   other call). With no judge, judged metrics are ``None`` (not 0) and :meth:`describe` says that
   no judge was used; metrics that need no LLM (LoCoMo's token F1, BLEU-1) are still computed.
 - Every result records the judge model, the sha256 of each judge prompt template and the

@@ -24,7 +24,7 @@ Protocol:
   :mod:`evolve.scoring.fitness`): LoCoMo's official Porter-stemmed token F1 against the gold
   answer — a stated stand-in, not a BEAM metric.
 
-Invariants: judge calls use role ``judge`` and stages ``beam/rubric`` and ``beam/align``;
+Invariants: judge calls use role ``judge`` and purposes ``beam/rubric`` and ``beam/align``;
 without a judge every judged metric is ``None``. A question's rubric calls are independent and
 run concurrently (bounded by its item count; the run-wide limit is the client's), their scores
 kept in rubric order; ordering's alignment calls stay sequential (each depends on the ones

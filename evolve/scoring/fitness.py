@@ -23,7 +23,7 @@ Modes (:func:`choose`, from what a run or an evaluation is configured with):
   the mean over its pieces (1 for a contained piece, else a capped credit by meaning), so part
   of a long message earns about its share; the mean over the question's evidence. Questions
   without evidence (such as BEAM's abstention questions) have no value and are left out.
-  Evidence similarity and hit rate (:mod:`.offline`) are reported beside it, never selected on.
+  Evidence similarity and hit rate (:mod:`.retrieval`) are reported beside it, never selected on.
 
 Invariants: the executor writes each question's value under :data:`KEY` into its trace scores
 (so every aggregate block carries the mean of the mode's values as :data:`KEY`), and every

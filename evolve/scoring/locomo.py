@@ -29,7 +29,7 @@ Protocols and metrics (the two F1s differ; every report names which one it shows
   are split off, words keep inner ``- / ' .`` and digit-internal ``: ,``, every other
   punctuation mark is its own token (abbreviation periods are split, which nltk keeps).
 
-Invariants: judge calls use role ``judge`` and stage ``locomo/judge``; without a judge
+Invariants: judge calls use role ``judge`` and purpose ``locomo/judge``; without a judge
 ``judge_correct`` is ``None`` and the token metrics are still computed. Aggregates are means
 over questions (micro), per category and overall, as both reference scripts compute them.
 """

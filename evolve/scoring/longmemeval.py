@@ -6,7 +6,7 @@ headline numbers.
 
 Protocol:
 
-- One judge call per question, role ``judge``, stage ``longmemeval/judge``, ``max_tokens=10``;
+- One judge call per question, role ``judge``, purpose ``longmemeval/judge``, ``max_tokens=10``;
   the label is ``"yes" in reply.lower()`` (the official rule), scored 1.0 / 0.0 as
   ``judge_correct``.
 - The template follows the question: abstention (id ending ``_abs``, any type) → the response
@@ -38,7 +38,7 @@ from evolve.models.llm import LLMClient
 from evolve.scoring.answers import Judged, prompt_sha256
 from evolve.scoring.locomo import token_f1
 
-STAGE = "longmemeval/judge"
+PURPOSE = "longmemeval/judge"
 MAX_TOKENS = 10
 VARIANTS = ("per-type-yes-no",)
 METRIC = "judge_correct"
@@ -145,7 +145,7 @@ class Scorer:
         prompt = PROMPTS[name].format(
             question=question.question, gold=question.gold, response=answer
         )
-        reply = self.judge.complete("judge", STAGE, prompt, max_tokens=MAX_TOKENS)
+        reply = self.judge.complete("judge", PURPOSE, prompt, max_tokens=MAX_TOKENS)
         label = "yes" in reply.text.lower()
         scores: dict[str, float | None] = {METRIC: 1.0 if label else 0.0, "answer_f1": f1}
         return Judged(scores, {"prompt": name, "reply": reply.text})

@@ -15,7 +15,7 @@ Per question (docs/design.md §4), from :class:`RetrievalScorer`:
   PyStemmer's ``english`` (Snowball's Porter2), stopwords removed) present in the retrieved
   text.
 
-Also owns :func:`blocks` (the retrieved text cut at blank lines; the stage diagnostics read it).
+Also owns :func:`blocks` (the retrieved text cut at blank lines; the step diagnostics read it).
 Questions without evidence (BEAM abstention) get ``None`` for every metric and are left out of
 the means. Aggregation: mean per capability, per native type and overall (over questions).
 """

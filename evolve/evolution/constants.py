@@ -1,8 +1,8 @@
-"""Offline proposer: evolve a program's tunable constants without an LLM (docs/design.md §4).
+"""Constant proposer: evolve a program's tunable constants without an LLM (docs/design.md §4).
 
 Owns :func:`tunables` (find a program's module-level numeric and boolean constants and their
-ranges), the source edits every offline strategy shares (:func:`live_names`, :func:`patch`,
-:func:`describe`, :func:`round3`) and :class:`OfflineProposer`, the ``--offline-search random``
+ranges), the source edits every constant-search strategy shares (:func:`live_names`, :func:`patch`,
+:func:`describe`, :func:`round3`) and :class:`ConstantProposer`, the ``--offline-search random``
 strategy (an ablation): it mutates the constants as source patches, steered by the weakest
 capability, and crosses two programs over by their constants. The default strategy, TPE over
 the same tunables, is :mod:`evolve.evolution.tpe`.
@@ -18,7 +18,7 @@ bounds allowed) or ``(bool)`` in that line's comment, otherwise inferred, never 
 
 ``(format)`` in the comment marks a choice of presentation the offline fitness cannot judge:
 evidence coverage reads the evidence's words, not the dates a reader needs, so dropping the
-date prefixes only frees budget (a run's best step did exactly that). Offline search never
+date prefixes only frees budget (a run's best step did exactly that). Constant search never
 moves such a tunable (:func:`searchable`, the one list both strategies and crossover move);
 with a task model and a judge the answers decide, and a coder may change it.
 
@@ -71,7 +71,7 @@ Value = int | float | bool
 
 ATTEMPTS = 5  # mutation seeds tried per round before accepting a child the run already holds
 EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a choice
-# Components whose outputs every later stage is built on: a child that changes one is encoded
+# Components whose outputs every later step is built on: a child that changes one is encoded
 # again in full (docs/performance.md, "The default run": 103-216 s a child, against 2-18 s)
 REBUILD = frozenset({"extract", "index"})
 GUIDED_PROBABILITY = 0.7
@@ -120,7 +120,7 @@ class Tunable:
     line: int  # 1-based line of the literal
     col: int  # 0-based character columns of the literal's text on that line
     end_col: int
-    format: bool = False  # "(format)" in its comment: offline search never moves it
+    format: bool = False  # "(format)" in its comment: constant search never moves it
 
 
 def tunables(source: str) -> list[Tunable]:
@@ -154,13 +154,13 @@ def tunables(source: str) -> list[Tunable]:
 
 
 def searchable(source: str, index_moves: bool = True) -> list[Tunable]:
-    """The tunables offline search may move: live (:func:`live_names`), not ``(format)`` and,
+    """The tunables constant search may move: live (:func:`live_names`), not ``(format)`` and,
     unless ``index_moves``, none that :func:`rebuild_names` lists."""
     live = live_names(source) - (frozenset() if index_moves else rebuild_names(source))
     return [t for t in tunables(source) if t.name in live and not t.format]
 
 
-class OfflineProposer:
+class ConstantProposer:
     """Seeded mutation and crossover of tunable constants; see the module docstring.
 
     As a :class:`~evolve.evolution.proposer.Proposer`: integration crosses the parent with each
@@ -169,7 +169,7 @@ class OfflineProposer:
     :data:`ATTEMPTS` seeds for a new child before accepting a known one. It cannot repair.
     """
 
-    name = "offline"
+    name = "random"
 
     def __init__(self, seed: int = 0, index_moves: bool = True) -> None:
         self.seed = seed
@@ -198,7 +198,7 @@ class OfflineProposer:
                 if new(child):
                     break
         except ValueError as exc:
-            return Proposal(None, "offline: nothing to mutate", (parent.id,), error=str(exc))
+            return Proposal(None, "random: nothing to mutate", (parent.id,), error=str(exc))
         return replace(child, parents=(parent.id,))
 
     def repair(self, request: Request, failed: Proposal, error: str) -> Proposal | None:
@@ -227,7 +227,7 @@ class OfflineProposer:
             raise ValueError("no tunable constant can change")
         changes = {t.name: (t.value, new) for t, new in edits.items()}
         suffix = f" (target {target})" if target else ""
-        message = f"offline: {describe(changes)}{suffix}"
+        message = f"random: {describe(changes)}{suffix}"
         return Proposal(patch(source, edits), message, (), changes=changes)
 
     def crossover(self, a: str, b: str, round_no: int, child: int = 0) -> Proposal:
@@ -249,7 +249,7 @@ class OfflineProposer:
             from_b.remove(rng.choice(from_b))
         edits: dict[Tunable, Value] = {t: in_b[t.name].value for t in from_b}
         changes = {t.name: (t.value, new) for t, new in edits.items()}
-        message = f"offline crossover: from b {describe(changes)}"
+        message = f"constant crossover: from b {describe(changes)}"
         return Proposal(patch(a, edits), message, (), changes=changes)
 
 

@@ -1,5 +1,5 @@
-"""Stage reuse: component fingerprints (sandbox/fingerprint.py), stage keys and the store
-(evolve/stagecache.py), memory-state pickling (contract/state.py)."""
+"""Step reuse: component fingerprints (sandbox/fingerprint.py), step keys and the store
+(evolve/stepcache.py), memory-state pickling (contract/state.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from contract.program import load_program
 from contract.spec import COMPONENTS
 from contract.state import dump_state, load_state
 from evolve import prompts, session
-from evolve.stagecache import StageKeys, StageStore
+from evolve.stepcache import StepKeys, StepStore
 from sandbox.fingerprint import changed_components, fingerprints
 
 BASE = textwrap.dedent(
@@ -348,32 +348,32 @@ def test_syntax_error_raises() -> None:
         fingerprints("def broken(:\n")
 
 
-# --- StageKeys ----------------------------------------------------------------------------
+# --- StepKeys ----------------------------------------------------------------------------
 
 
 def _keys(
-    source: str = BASE, model: str = "offline", embed: str = "hashing-384", evaluator: str = "v1"
-) -> StageKeys:
-    return StageKeys(fingerprints(source), model, embed, evaluator)
+    source: str = BASE, model: str = "offline", embed: str = "hashing-384", pipeline: str = "v1"
+) -> StepKeys:
+    return StepKeys(fingerprints(source), model, embed, pipeline)
 
 
-def _every_key(keys: StageKeys) -> list[str]:
+def _every_key(keys: StepKeys) -> list[str]:
     extract = keys.extract("seg-a")
     index, plan = keys.index([extract]), keys.plan("Where?", None)
     retrieve = keys.retrieve(index, plan)
     return [extract, index, plan, retrieve, keys.answer(retrieve, "Where?")]
 
 
-def test_every_key_carries_the_evaluator_version() -> None:
+def test_every_key_carries_the_pipeline_version() -> None:
     base = _every_key(_keys())
     assert _every_key(_keys()) == base
-    assert not set(_every_key(_keys(evaluator="v2"))) & set(base)
+    assert not set(_every_key(_keys(pipeline="v2"))) & set(base)
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        (session, "EVALUATOR_VERSION", "2"),
+        (session, "PIPELINE_VERSION", "2"),
         (prompts, "EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
         (prompts, "PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
         (prompts, "ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
@@ -382,27 +382,27 @@ def test_every_key_carries_the_evaluator_version() -> None:
         (session, "TRUNCATION", "suffix"),
     ],
 )
-def test_evaluator_version_follows_what_shapes_outputs(
+def test_pipeline_version_follows_what_shapes_outputs(
     monkeypatch: pytest.MonkeyPatch, change: tuple[Any, str, Any]
 ) -> None:
-    base = session.evaluator_version()
+    base = session.pipeline_version()
     monkeypatch.setattr(*change)
-    assert session.evaluator_version() != base
+    assert session.pipeline_version() != base
 
 
 @pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
-def test_evaluator_version_follows_library_versions(
+def test_pipeline_version_follows_library_versions(
     other_version: Callable[[str], None], library: str
 ) -> None:
-    base = session.evaluator_version()
+    base = session.pipeline_version()
     other_version(library)
-    assert session.evaluator_version() != base
+    assert session.pipeline_version() != base
 
 
-def test_evaluator_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = session.evaluator_version()
+def test_pipeline_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = session.pipeline_version()
     monkeypatch.setattr(session.Embedder, "name", "all-MiniLM-L12-v2")
-    assert session.evaluator_version() != base
+    assert session.pipeline_version() != base
 
 
 def test_stage_keys_extract() -> None:
@@ -455,11 +455,11 @@ def test_keys_of_different_stages_differ() -> None:
     assert len({keys.extract("x"), keys.index(["x"]), keys.plan("x", None)}) == 3
 
 
-# --- StageStore ---------------------------------------------------------------------------
+# --- StepStore ---------------------------------------------------------------------------
 
 
 def test_store_json_round_trip(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     value = [{"content": "a", "date": None, "n": 2, "ok": True}]  # extract: a list of units
     assert store.get_json("extract", "ab" * 32) is None
     assert not store.has("extract", "ab" * 32)
@@ -470,7 +470,7 @@ def test_store_json_round_trip(tmp_path: Path) -> None:
 
 
 def test_store_bytes_round_trip(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     data = pickle.dumps(bytes(range(256)) * 10)  # index: a pickled state
     assert store.get_bytes("index", "cd" * 32) is None
     store.put_bytes("index", "cd" * 32, data)
@@ -480,14 +480,14 @@ def test_store_bytes_round_trip(tmp_path: Path) -> None:
 
 
 def test_store_overwrite(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     store.put_json("plan", "k1", {"q": 1})
     store.put_json("plan", "k1", {"q": 2})
     assert store.get_json("plan", "k1") == {"q": 2}
 
 
 def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     for i in range(5):
         store.put_json("retrieve", f"{i:02d}key", {"i": i})
         store.put_bytes("index", f"{i:02d}key", b"x" * i)
@@ -498,7 +498,7 @@ def test_store_layout_and_no_temp_files(tmp_path: Path) -> None:
 
 
 def test_store_failed_write_leaves_nothing(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     with pytest.raises(TypeError):
         store.put_json("answer", "k2", {"bad": object()})
     assert not store.has("answer", "k2")
@@ -509,7 +509,7 @@ def test_store_failed_write_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_store_corrupt_json_is_a_miss(tmp_path: Path) -> None:
-    store = StageStore(tmp_path)
+    store = StepStore(tmp_path)
     store.put_json("plan", "k4", {"ok": 1})
     path = tmp_path / "plan" / "k4" / "k4.json"
     path.write_text("{not json")

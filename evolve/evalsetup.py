@@ -1,10 +1,12 @@
-"""What a worker process is given and builds: its configuration, embedder and task-LLM client.
+"""The models and limits an evaluation runs with (:class:`EvalSetup`), and the embedder and
+task-LLM client built from them.
 
-The executor hands every job a :class:`WorkerConfig`; the job itself
-(:func:`evolve.session.run_conversation`) builds its embedder and LLM client here.
+An evaluation runs with one :class:`EvalSetup`: the executor hands it to every job, whose
+conversation (:func:`evolve.session.run_conversation`, in a worker process) builds its embedder
+and LLM client here; the runtime (:mod:`evolve.runtime.api`) builds its own from one the same way.
 
 Invariants:
-- A :class:`WorkerConfig` is picklable (it crosses to worker processes and Ray nodes).
+- A :class:`EvalSetup` is picklable (it crosses to worker processes and Ray nodes).
 - One embedder per process and kind: the model loads once per worker, lazily.
 - ``reuse=False`` gives the LLM client no response cache.
 - The task-LLM client shares the run's limit on requests in flight (``llm_concurrency``, one
@@ -31,21 +33,22 @@ from evolve.models.llm import LLMClient, ModelConfig, Models
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a worker needs besides the job; picklable."""
+class EvalSetup:
+    """What an evaluation runs with besides the program and tasks: cache, task model, embedder,
+    limits; picklable."""
 
     cache_dir: str
     task_model: ModelConfig | None
     embedder: str = "minilm"  # "minilm" or "hashing" (test double, chosen explicitly)
     call_prefix: str = "eval"  # task-model calls are labelled "<call_prefix>/extract", ...
     max_complete_calls: int = 8
-    step_seconds: float = 120.0  # wall clock for one hook or retrieve call in the host
+    call_timeout: float = 120.0  # wall clock for one hook or retrieve call in the host
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
     diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
-    reuse: bool = True  # False: no stage output or task reply of another evaluation is reused
+    reuse: bool = True  # False: no step output or task reply of another evaluation is reused
     llm_concurrency: int = DEFAULT_CONCURRENCY  # LLM requests in flight, whole run, per machine
     llm_timeout: float = 120.0  # seconds one LLM request may take before it is retried
-    # Tests only: a picklable ``(role, stage, messages) -> reply`` answering through the
+    # Tests only: a picklable ``(role, purpose, messages) -> reply`` answering through the
     # ``scripted`` test double (evolve.models.clients) instead of litellm. Never set from the
     # command line.
     script: Callable[..., str] | None = None
@@ -75,26 +78,26 @@ def make_embedder(kind: str, cache_dir: str) -> Embedder:
     return _EMBEDDERS[key]
 
 
-def calls_log(config: WorkerConfig) -> Path:
+def calls_log(config: EvalSetup) -> Path:
     """The call log the task model's calls go to (and the run's breaker is keyed on)."""
     root = Path(config.cache_dir)
     return Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
 
 
-def check_endpoint(config: WorkerConfig) -> None:
+def check_endpoint(config: EvalSetup) -> None:
     """Raise :class:`~evolve.models.breaker.EndpointDown` when the breaker of ``config``'s
     call log is tripped (a worker or the judge found the model endpoint down); offline: never."""
     if config.task_model is not None:
         shared_breaker(calls_log(config)).check()
 
 
-def reset_endpoint(config: WorkerConfig) -> None:
+def reset_endpoint(config: EvalSetup) -> None:
     """Close the breaker of ``config``'s call log: a command starts, the endpoint may be back."""
     if config.task_model is not None:
         shared_breaker(calls_log(config)).reset()
 
 
-def make_llm(config: WorkerConfig) -> LLMClient | None:
+def make_llm(config: EvalSetup) -> LLMClient | None:
     if config.task_model is None:
         return None
     root = Path(config.cache_dir)

@@ -1,4 +1,4 @@
-"""evolve/evolution/offline.py: tunable discovery, seeded guided mutation and crossover."""
+"""evolve/evolution/constants.py: tunable discovery, seeded guided mutation and crossover."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.evolution.offline import GUIDANCE, OfflineProposer, Tunable, searchable, tunables
+from evolve.evolution.constants import GUIDANCE, ConstantProposer, Tunable, searchable, tunables
 from sandbox.fingerprint import changed_components
 from sandbox.static import check_source
 
@@ -143,7 +143,7 @@ def test_negative_literals() -> None:
     assert (named["TILT"].low, named["TILT"].high) == (-1.0, 0.0)
     parent = program(source, "OFFSET")
     for round_no in range(20):
-        child = OfflineProposer().mutate(parent, None, round_no)
+        child = ConstantProposer().mutate(parent, None, round_no)
         new = by_name(child.source)["OFFSET"].value
         assert child.changes == {"OFFSET": (-3, new)} and -10 <= new <= 5
         ast.parse(child.source)
@@ -154,7 +154,7 @@ def test_annotated_assignment_and_multibyte_columns() -> None:
     [limit] = tunables(source)
     assert (limit.name, limit.value, limit.low, limit.high) == ("LIMIT", 12, 1, 20)
     assert literal_text(source, limit) == "12"
-    child = OfflineProposer().mutate(program(source, "LIMIT, S"), None, 0)
+    child = ConstantProposer().mutate(program(source, "LIMIT, S"), None, 0)
     assert "# (range 1-20)" in child.source
     assert f'S = "é"; LIMIT: int = {child.changes["LIMIT"][1]}  #' in child.source
 
@@ -164,20 +164,20 @@ def test_annotated_assignment_and_multibyte_columns() -> None:
 
 def test_proposals_are_deterministic() -> None:
     for target in (None, "M", "F"):
-        first = OfflineProposer(seed=3).mutate(HYBRID, target, 7)
-        assert OfflineProposer(seed=3).mutate(HYBRID, target, 7) == first
-    sources = {OfflineProposer(seed=3).mutate(HYBRID, "M", r).source for r in range(12)}
+        first = ConstantProposer(seed=3).mutate(HYBRID, target, 7)
+        assert ConstantProposer(seed=3).mutate(HYBRID, target, 7) == first
+    sources = {ConstantProposer(seed=3).mutate(HYBRID, "M", r).source for r in range(12)}
     assert len(sources) >= 8
-    assert OfflineProposer(seed=4).mutate(HYBRID, "M", 7) != first
+    assert ConstantProposer(seed=4).mutate(HYBRID, "M", 7) != first
 
 
 def test_two_hundred_proposals_stay_valid() -> None:
     parent_ranges = by_name(HYBRID)
-    proposer = OfflineProposer(seed=1)
+    proposer = ConstantProposer(seed=1)
     targets = (None, "F", "T", "P", "M", "A")
     children = [proposer.mutate(HYBRID, targets[r % len(targets)], r) for r in range(200)]
     for child in children:
-        assert child.message.startswith("offline: ") and "\n" not in child.message
+        assert child.message.startswith("random: ") and "\n" not in child.message
         assert 1 <= len(child.changes) <= 2
         assert comments(child.source) == comments(HYBRID)
         changed_lines = sum(
@@ -214,7 +214,7 @@ def test_guided_moves_mostly_go_the_preferred_way(target: str) -> None:
     preferred = dict(GUIDANCE[target])
     for round_no in range(200):
         for name, (old, new) in (
-            OfflineProposer().mutate(HYBRID_MID, target, round_no).changes.items()
+            ConstantProposer().mutate(HYBRID_MID, target, round_no).changes.items()
         ):
             if name in preferred:
                 moves[name, (new > old) == (preferred[name] > 0)] += 1
@@ -225,10 +225,10 @@ def test_guided_moves_mostly_go_the_preferred_way(target: str) -> None:
 
 def test_bool_flips() -> None:
     parent = program("FLAG = True  # (bool)", "FLAG")
-    child = OfflineProposer().mutate(parent, "T", 0)
+    child = ConstantProposer().mutate(parent, "T", 0)
     assert child.changes == {"FLAG": (True, False)}
     assert "FLAG = False  # (bool)" in child.source
-    back = OfflineProposer().mutate(child.source, None, 1)
+    back = ConstantProposer().mutate(child.source, None, 1)
     assert back.source == parent
 
 
@@ -236,15 +236,15 @@ def test_nothing_can_change() -> None:
     stuck = program("PINNED = 5  # (range 5-5)\nUNUSED = 3  # (range 0-9)", "PINNED")
     for source in (stuck, program("NAME = 'x'", "NAME")):
         with pytest.raises(ValueError, match="no tunable constant can change"):
-            OfflineProposer().mutate(source, "M", 0)
+            ConstantProposer().mutate(source, "M", 0)
     with pytest.raises(ValueError, match="unknown capability"):
-        OfflineProposer().mutate(HYBRID, "Z", 0)
+        ConstantProposer().mutate(HYBRID, "Z", 0)
 
 
 def test_unused_constants_are_never_moved() -> None:
     parent = program("USED = 3  # (range 0-9)\nUNUSED = 3  # (range 0-9)", "USED")
     for round_no in range(20):
-        assert list(OfflineProposer().mutate(parent, None, round_no).changes) == ["USED"]
+        assert list(ConstantProposer().mutate(parent, None, round_no).changes) == ["USED"]
 
 
 # --- crossover -------------------------------------------------------------------------------
@@ -262,10 +262,10 @@ def test_crossover_mixes_both_parents() -> None:
     differing = {"TOP_K", "MIN_SCORE", "NEIGHBOURS", "RETURN_CHUNK"}
     taken: Counter[tuple[str, str]] = Counter()
     for round_no in range(20):
-        child = OfflineProposer(seed=2).crossover(HYBRID, b, round_no)
-        assert child == OfflineProposer(seed=2).crossover(HYBRID, b, round_no)
+        child = ConstantProposer(seed=2).crossover(HYBRID, b, round_no)
+        assert child == ConstantProposer(seed=2).crossover(HYBRID, b, round_no)
         assert 1 <= len(child.changes) < len(differing)  # some from b, some from a
-        assert child.message.startswith("offline crossover: from b ")
+        assert child.message.startswith("constant crossover: from b ")
         assert check_source(child.source, parent_source=HYBRID) == []
         assert comments(child.source) == comments(HYBRID)
         values = by_name(child.source)
@@ -281,24 +281,24 @@ def test_crossover_mixes_both_parents() -> None:
 
 def test_crossover_with_one_difference_takes_b() -> None:
     b = HYBRID.replace("TOP_K = 80", "TOP_K = 120")
-    child = OfflineProposer().crossover(HYBRID, b, 0)
+    child = ConstantProposer().crossover(HYBRID, b, 0)
     assert child.changes == {"TOP_K": (80, 120)} and child.source == b
 
 
 def test_crossover_needs_a_difference() -> None:
     with pytest.raises(ValueError, match="no differing tunable"):
-        OfflineProposer().crossover(HYBRID, HYBRID, 0)
+        ConstantProposer().crossover(HYBRID, HYBRID, 0)
     restyled = HYBRID.replace("# most units kept per query", "# units kept")
     with pytest.raises(ValueError, match="no differing tunable"):
-        OfflineProposer().crossover(HYBRID, restyled, 0)
+        ConstantProposer().crossover(HYBRID, restyled, 0)
 
 
-def test_offline_search_never_moves_a_format_choice() -> None:
+def test_constant_search_never_moves_a_format_choice() -> None:
     """Evidence coverage cannot see what dates give a reader, so dropping them only frees
     budget: a run's best step once did exactly that. ``(format)`` tunables stay put."""
     formats = {"DATE_PREFIX", "CHRONOLOGICAL"}  # coverage reads neither dates nor order
     assert {t.name for t in tunables(HYBRID) if t.format} == formats
     assert not formats & {t.name for t in searchable(HYBRID)}
     moved = {name for target in (None, *GUIDANCE) for round_no in range(100)
-             for name in OfflineProposer().mutate(HYBRID, target, round_no).changes}  # fmt: skip
+             for name in ConstantProposer().mutate(HYBRID, target, round_no).changes}  # fmt: skip
     assert not formats & moved and len(moved) >= 10

@@ -1,12 +1,14 @@
-"""Stage reuse: cache keys over the component fingerprints, and the stage store.
+"""Step reuse: cache keys over the component fingerprints, and the step store.
 
-Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerprint`'s:
+A step is one of the pipeline's cached computations (extract, index, plan, retrieve, answer),
+not an evolution stage (:mod:`evolve.evolution.stages`). Owns two things (docs/design.md §2);
+the fingerprints are :mod:`sandbox.fingerprint`'s:
 
-1. :class:`StageKeys` — cache keys that chain each stage's fingerprint with every upstream key,
-   the model signature, the evaluator version and a digest of the input data, so a key changes
+1. :class:`StepKeys` — cache keys that chain each step's fingerprint with every upstream key,
+   the model signature, the pipeline version and a digest of the input data, so a key changes
    whenever anything that could change the output changes.
-2. :class:`StageStore` — an on-disk store of stage outputs, one folder per evaluator version
-   under each stage (:func:`stale_folders` and :func:`stage_usage` find the others), each written by
+2. :class:`StepStore` — an on-disk store of step outputs, one folder per pipeline version
+   under each step (:func:`stale_folders` and :func:`step_usage` find the others), each written by
    :func:`evolve.files.write_atomic`. Memory state is stored as the bytes of
    :mod:`contract.state` (pickled and unpickled only in the sandbox host). Failures are never
    stored. Every read checks the shape of what it reads (:data:`SHAPES`: extract a list of unit
@@ -16,6 +18,10 @@ Owns two things (docs/design.md §2); the fingerprints are :mod:`sandbox.fingerp
    whose payload does not hash to its header (an edit, even one that leaves valid JSON; an
    entry from before checksums) is invalid like a wrong shape: a miss, reported to
    ``on_invalid``, recomputed by the caller and overwritten.
+
+On disk the store keeps the names it was first written with, so existing caches stay readable:
+callers root it at ``<cache>/stages`` (one folder per step below), and the entry header reads
+``prismem-stage``.
 """
 
 from __future__ import annotations
@@ -35,16 +41,16 @@ from sandbox.fingerprint import digest
 
 
 @dataclass(frozen=True)
-class StageKeys:
+class StepKeys:
     """Cache keys for one program under one model configuration."""
 
     fp: dict[str, str]
     model_sig: str  # "offline" or the task model id and parameters
     embed_sig: str  # the embedder's name: index state contains its vectors
-    evaluator: str  # evolve.session.evaluator_version(): what the evaluator adds to outputs
+    pipeline_version: str  # evolve.session.pipeline_version(): what the pipeline adds to outputs
 
-    def _key(self, stage: str, *parts: Any) -> str:
-        return digest(stage, self.fp[stage], self.evaluator, *parts)
+    def _key(self, step: str, *parts: Any) -> str:
+        return digest(step, self.fp[step], self.pipeline_version, *parts)
 
     def extract(self, segment_digest: str) -> str:
         return self._key("extract", self.model_sig, segment_digest)
@@ -76,7 +82,7 @@ class _Retrieved(BaseModel):
 
 
 _STRICT = ConfigDict(strict=True)
-SHAPES: dict[str, TypeAdapter[Any]] = {  # what a JSON entry of each stage must be
+SHAPES: dict[str, TypeAdapter[Any]] = {  # what a JSON entry of each step must be
     "extract": TypeAdapter(list[dict[str, Any]], config=_STRICT),
     "plan": TypeAdapter(dict[str, Any], config=_STRICT),
     "retrieve": TypeAdapter(_Retrieved),
@@ -112,15 +118,15 @@ def _complete_pickle(data: bytes) -> bool:
 
 
 def version_folder(version: str) -> str:
-    """The folder under each stage that holds the entries of evaluator version ``version``
-    (``""``: none, the entries lie directly under the stage, as tests may keep them)."""
+    """The folder under each step that holds the entries of pipeline version ``version``
+    (``""``: none, the entries lie directly under the step, as tests may keep them)."""
     return f"v-{version[:16]}" if version else ""
 
 
 @dataclass(frozen=True)
-class StageUsage:
-    """What a stage store holds on disk: bytes and entries of the current evaluator version, and
-    of every other one (which no current evaluator can read)."""
+class StepUsage:
+    """What a step store holds on disk: bytes and entries of the current pipeline version, and
+    of every other one (which no current pipeline version reads)."""
 
     current_bytes: int = 0
     current_entries: int = 0
@@ -134,37 +140,38 @@ def _tree(path: Path) -> tuple[int, int]:
 
 
 def stale_folders(root: Path, version: str) -> list[Path]:
-    """The folders under ``root``'s stages that hold entries no evaluator of ``version`` reads:
-    other versions' folders and entries of the layout before version folders (two-character
-    key prefixes directly under a stage)."""
+    """The folders under ``root``'s step folders that hold entries pipeline version
+    ``version`` does not read: other versions' folders and entries of the layout before version
+    folders (two-character key prefixes directly under a step)."""
     keep = version_folder(version)
     out: list[Path] = []
-    for stage in sorted(p for p in Path(root).glob("*") if p.is_dir() and not p.is_symlink()):
-        out += [p for p in sorted(stage.iterdir()) if p.is_dir() and p.name != keep]
+    for step in sorted(p for p in Path(root).glob("*") if p.is_dir() and not p.is_symlink()):
+        out += [p for p in sorted(step.iterdir()) if p.is_dir() and p.name != keep]
     return out
 
 
-def stage_usage(root: Path, version: str) -> StageUsage:
+def step_usage(root: Path, version: str) -> StepUsage:
     """Bytes and entries under ``root`` readable by ``version`` and not (:func:`stale_folders`)."""
     stale = [_tree(p) for p in stale_folders(root, version)]
-    current = [_tree(stage / version_folder(version)) for stage in Path(root).glob("*")
-               if (stage / version_folder(version)).is_dir()]  # fmt: skip
-    return StageUsage(sum(b for b, _ in current), sum(n for _, n in current),
+    current = [_tree(step / version_folder(version)) for step in Path(root).glob("*")
+               if (step / version_folder(version)).is_dir()]  # fmt: skip
+    return StepUsage(sum(b for b, _ in current), sum(n for _, n in current),
                       sum(b for b, _ in stale), sum(n for _, n in stale))  # fmt: skip
 
 
-class StageStore:
-    """Stage outputs on disk: JSON for records and texts, bytes for memory state.
+class StepStore:
+    """Step outputs on disk: JSON for records and texts, bytes for memory state.
 
-    Entries live in one folder per evaluator version under each stage (``version``:
-    :func:`evolve.session.evaluator_version`, which every key carries too), so the entries no
-    current evaluator reads can be found and pruned (``evolve cache``; :func:`stale_folders`).
+    Entries live in one folder per pipeline version under each step (``version``:
+    :func:`evolve.session.pipeline_version`, which every key carries too), so the entries no
+    current pipeline version reads can be found and pruned (``evolve cache``;
+    :func:`stale_folders`).
 
     With ``reuse=False`` the store still writes every output (so trusted-side readers such as
     compact cases find them) but reads back only what this instance wrote: nothing computed by
     another evaluation is reused (``evolve run --no-reuse``, the baseline reuse is measured by).
     A read that finds an entry of the wrong shape (:data:`SHAPES`) returns None and calls
-    ``on_invalid(stage)``.
+    ``on_invalid(step)``.
     """
 
     def __init__(
@@ -176,24 +183,24 @@ class StageStore:
         on_invalid: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
-        self.folder = version_folder(version)  # entries of this evaluator version live here
+        self.folder = version_folder(version)  # entries of this pipeline version live here
         self._own: set[Path] | None = None if reuse else set()
-        self._on_invalid = on_invalid or (lambda _stage: None)
+        self._on_invalid = on_invalid or (lambda _step: None)
 
-    def _path(self, stage: str, key: str, suffix: str) -> Path:
-        return self.root / stage / self.folder / key[:2] / f"{key}{suffix}"
+    def _path(self, step: str, key: str, suffix: str) -> Path:
+        return self.root / step / self.folder / key[:2] / f"{key}{suffix}"
 
     def _readable(self, path: Path) -> bool:
         return self._own is None or path in self._own
 
-    def has(self, stage: str, key: str) -> bool:
+    def has(self, step: str, key: str) -> bool:
         return any(
             self._readable(path) and path.exists()
-            for path in (self._path(stage, key, suffix) for suffix in (".json", ".bin"))
+            for path in (self._path(step, key, suffix) for suffix in (".json", ".bin"))
         )
 
-    def get_json(self, stage: str, key: str) -> Any | None:
-        path = self._path(stage, key, ".json")
+    def get_json(self, step: str, key: str) -> Any | None:
+        path = self._path(step, key, ".json")
         if not self._readable(path):
             return None
         try:
@@ -204,21 +211,21 @@ class StageStore:
         except FileNotFoundError:
             return None
         except ValueError:  # its checksum fails, not JSON, or not UTF-8
-            self._on_invalid(stage)
+            self._on_invalid(step)
             return None
         try:
-            if stage in SHAPES:
-                SHAPES[stage].validate_python(value)
+            if step in SHAPES:
+                SHAPES[step].validate_python(value)
         except ValidationError:
-            self._on_invalid(stage)
+            self._on_invalid(step)
             return None
         return value
 
-    def put_json(self, stage: str, key: str, value: Any) -> None:
-        self._write(self._path(stage, key, ".json"), json.dumps(value).encode())
+    def put_json(self, step: str, key: str, value: Any) -> None:
+        self._write(self._path(step, key, ".json"), json.dumps(value).encode())
 
-    def get_bytes(self, stage: str, key: str) -> bytes | None:
-        path = self._path(stage, key, ".bin")
+    def get_bytes(self, step: str, key: str) -> bytes | None:
+        path = self._path(step, key, ".bin")
         if not self._readable(path):
             return None
         try:
@@ -226,12 +233,12 @@ class StageStore:
         except FileNotFoundError:
             return None
         if data is None or not _complete_pickle(data):
-            self._on_invalid(stage)
+            self._on_invalid(step)
             return None
         return data
 
-    def put_bytes(self, stage: str, key: str, value: bytes) -> None:
-        self._write(self._path(stage, key, ".bin"), value)
+    def put_bytes(self, step: str, key: str, value: bytes) -> None:
+        self._write(self._path(step, key, ".bin"), value)
 
     def _write(self, path: Path, data: bytes) -> None:
         if self._own is not None:
