@@ -39,7 +39,7 @@ def unavailable() -> Unavailable:
 
 @pytest.fixture(scope="session")
 def offline_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache dir for the offline runs (no LLM: only stage outputs and embeddings are
+    """One cache dir for the offline runs (no LLM: only step outputs and embeddings are
     cached) of tests that compare outcomes rather than count computed stages; shared across
     modules, so the stages they have in common (the seed's, to begin with) run once."""
     return tmp_path_factory.mktemp("offline-cache")

@@ -1,5 +1,5 @@
 """seeds/ariadne.py on small hand-made conversations: gating, coarsening (Merge, Link), bridge
-discovery, path serialisation, LLM extraction windows, the output budget, the stage cache and
+discovery, path serialisation, LLM extraction windows, the output budget, the step cache and
 the sandbox."""
 
 from __future__ import annotations

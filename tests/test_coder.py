@@ -79,7 +79,7 @@ def config(data_dir: Path, cache: Path, **over: Any) -> RunConfig:
 
 def start(root: Path, run_id: str, cfg: RunConfig, script: Any = coder_script) -> Evolution:
     """Run ``run_id`` in ``root`` (opened when it exists) with the scripted coder, whose request
-    cache lives in ``root``: stage outputs may be shared, scripted replies are not."""
+    cache lives in ``root``: step outputs may be shared, scripted replies are not."""
     try:
         store = RunStore.open(root, run_id)
     except Exception:

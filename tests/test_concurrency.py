@@ -3,7 +3,7 @@
 A jittery scripted model (small random sleeps, so replies come back out of order under threads)
 and a program whose retrieval counts its calls (so any change in the order of host calls shows
 in the retrieved text) are evaluated at concurrency 1 and 16 from cold caches; traces, scores,
-stage counters, per-stage call counts and the stage store must be identical. Against the fake
+step counters, per-stage call counts and the step store must be identical. Against the fake
 model server, one conversation with ``jobs=1`` keeps several requests in flight.
 """
 
@@ -88,7 +88,7 @@ def _evaluate(
 
 
 def _store(root: Path) -> dict[str, Any]:
-    """Every stage output on disk, checked and without its checksum line (retrieval records
+    """Every step output on disk, checked and without its checksum line (retrieval records
     without their wall-clock time)."""
     out: dict[str, Any] = {}
     for path in sorted(root.rglob("*")):

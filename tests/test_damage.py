@@ -1,4 +1,4 @@
-"""Damaged files: run-store files, stage-cache entries, the embedding cache.
+"""Damaged files: run-store files, step-cache entries, the embedding cache.
 
 Each case damages one file the way a crash, a full disk or a hostile edit would, then drives
 the CLI in-process (``evolve.cli.main.main``): a command that can go on says so in one ``warning:``
@@ -234,7 +234,7 @@ def test_a_damaged_record_with_an_intact_source_is_scored_again(
 
 @pytest.fixture(scope="module")
 def one_conversation(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The first valid conversation, a stage cache and the report of a clean evaluation."""
+    """The first valid conversation, a step cache and the report of a clean evaluation."""
     cfg = RunConfig(data_dir=str(data_dir), seed_program="", cache_dir="", conversations=1)
     tasks = task_set(cfg, "valid")
     cache = tmp_path_factory.mktemp("stepcache")
@@ -257,7 +257,7 @@ def test_status_of_an_evaluation_folder(
     assert code == 2 and "evaluation folder" in err
 
 
-# --- the stage cache ----------------------------------------------------------------------
+# --- the step cache ----------------------------------------------------------------------
 
 
 def _entries(cache: str, stage: str, suffix: str) -> list[Path]:

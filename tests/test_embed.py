@@ -181,7 +181,7 @@ def test_the_precision_is_in_the_embedding_and_pipeline_versions(
         assert Embedder().precision == name
         versions[name] = (embed.embedding_version(), pipeline_version())
     assert versions["fp32"][0] != versions["bf16"][0]  # no fp32 vector serves a bf16 lookup
-    assert versions["fp32"][1] != versions["bf16"][1]  # nor a stage output made with one
+    assert versions["fp32"][1] != versions["bf16"][1]  # nor a step output made with one
 
 
 def test_a_bad_precision_setting_is_one_error_line(

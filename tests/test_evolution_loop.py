@@ -57,7 +57,7 @@ def uninterrupted(
 
 def shared_cache(run: RunStore) -> Path:
     """The uninterrupted run's cache (conftest's ``offline_cache``): tests that compare
-    outcomes, not stage counts, reuse it (stage reuse gives the same results)."""
+    outcomes, not step counts, reuse it (step reuse gives the same results)."""
     return Path(run.manifest["config"]["cache_dir"])
 
 

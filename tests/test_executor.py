@@ -1,4 +1,4 @@
-"""Executor: stage reuse by component fingerprint, scripted-LLM accounting, failure handling."""
+"""Executor: step reuse by component fingerprint, scripted-LLM accounting, failure handling."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def test_memory_bomb_in_index_is_contained(tasks: TaskSet, tmp_path: Path):
 
 
 def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: Path):
-    """Same scores and traces with 1 and 2 worker processes, each from a cold stage cache."""
+    """Same scores and traces with 1 and 2 worker processes, each from a cold step cache."""
     convs, questions = [], []
     for name in ("1", "3"):
         conv, qs = load_conversation(data_dir, "100K", name)

@@ -1,6 +1,6 @@
 """Guard sets: a valid winner is promoted only when it is not worse on every guard.
 
-The archive's rule is tested on scripted scores; the loop (evaluation on the guards, stage
+The archive's rule is tested on scripted scores; the loop (evaluation on the guards, step
 reuse, what never reaches a proposer, resume) on the first BEAM-100K conversation of train and
 valid with the hashing embedder (a test double: deterministic numbers), guarded by the first
 holdout conversation and the LoCoMo sample; the CLI's flags on a dry run.
@@ -210,7 +210,7 @@ def test_the_seed_is_scored_on_every_guard_once_and_winners_only_on_demand(guard
 
 def test_guard_evaluations_reuse_stage_outputs(guarded):
     """A child scored on a guard encodes nothing again (constant search keeps the chunk sizes):
-    its index is the seed's, served from the stage cache (so nothing is extracted either)."""
+    its index is the seed's, served from the step cache (so nothing is extracted either)."""
     store, _ = guarded
     kept = archive(store.candidates())
     for cid in kept.checks:

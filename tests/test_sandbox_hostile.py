@@ -344,7 +344,7 @@ CASES: list[Case] = [
     ),
     static("path-splits", dense(index='SPLIT = "splits/beam.json"'), "evaluation-access"),
     static("name-gold", dense(index="gold = {}"), "evaluation-access"),
-    # ---- state a restored memory would not see (stage reuse)
+    # ---- state a restored memory would not see (step reuse)
     static(
         "index-fills-module-dict",
         dense(top="SEEN = {}", index="SEEN['n'] = len(units)", retrieve="print(SEEN)"),

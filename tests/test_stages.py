@@ -53,7 +53,7 @@ def coder_script() -> Any:
 
 
 def run(data_dir: Path, stages: Path, root: Path, run_id: str, **over: Any) -> Evolution:
-    """A run in ``root`` with the scripted coder and annotator; stage outputs go to ``stages``
+    """A run in ``root`` with the scripted coder and annotator; step outputs go to ``stages``
     (a cache shared with other offline tests), the LLM request cache stays in ``root``."""
     base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
             "cache_dir": str(stages), "jobs": 1, "embedder": "hashing",
@@ -99,7 +99,7 @@ def test_diagnostics_per_capability_reach_the_coder(full: Evolution):
     assert isinstance(full.coder, ScriptedLLM)
     prompts = [m[-1]["content"] for _, purpose, m in full.coder.transport_calls
                if purpose == "cold_start/diagnose"]  # fmt: skip
-    assert prompts and "Stage diagnostics" in prompts[0] and "d_idx" in prompts[0]
+    assert prompts and "Step diagnostics" in prompts[0] and "d_idx" in prompts[0]
 
 
 def test_refinement_targets_follow_the_dependency_rule(full: Evolution):
