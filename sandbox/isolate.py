@@ -203,6 +203,20 @@ class Host:
         """Send one request; serve the host's backend requests until its answer arrives
         (``embed_chars``: the volume of embedding whose time moves the deadline in full)."""
         allowed = timeout or self.limits.call_seconds
+        try:
+            return self._call(op, payload, blobs, allowed, embed_chars)
+        except HostTimeout:  # say which request, and what it was allowed
+            raise HostTimeout(f"{op} timed out after {allowed:.3g} s of the program's time "
+                              "(wall clock); the host was killed") from None  # fmt: skip
+
+    def _call(
+        self,
+        op: str,
+        payload: dict[str, Any] | None,
+        blobs: list[bytes] | None,
+        allowed: float,
+        embed_chars: int,
+    ) -> tuple[Any, list[bytes]]:
         deadline = time.monotonic() + allowed
         extension = allowed * BACKEND_EXTENSION  # backend time the deadline may still absorb
         self._send(encode_frame({"op": op, **(payload or {})}, blobs), deadline)

@@ -59,5 +59,5 @@ def test_embedding_the_sessions_own_text_never_times_an_add_out() -> None:
 
 
 def test_embedding_beyond_the_volume_is_held_to_the_cap() -> None:
-    with pytest.raises(HostTimeout):
+    with pytest.raises(HostTimeout, match=r"^add timed out after 0\.5 s of the program's time"):
         add_once(repeat=4 * ADD_EMBED_VOLUME)
