@@ -120,6 +120,7 @@ class Pipeline:
         self.clock = WallClock()
         self._lock = threading.RLock()  # the host: start, calls, close
         self._host: Host | None = None
+        self.backend_seconds = 0.0  # spent answering the host's backend requests, in all
         self._host_error: str | None = None
         self._schemas: dict[str, Any] = {}
         self._instructions: dict[str, str] = {}  # component -> the value the program holds
@@ -149,9 +150,14 @@ class Pipeline:
     def _serve(
         self, header: dict[str, Any], blobs: list[bytes]
     ) -> tuple[dict[str, Any], list[bytes]]:
-        """The host's backend requests, timed: a completion as model wait, the rest as local."""
-        with self.clock.during("model" if header.get("method") == "complete" else "local"):
-            return self.service(header, blobs)
+        """The host's backend requests, timed: a completion as model wait, the rest as local;
+        their seconds add up in :attr:`backend_seconds`."""
+        began = time.perf_counter()
+        try:
+            with self.clock.during("model" if header.get("method") == "complete" else "local"):
+                return self.service(header, blobs)
+        finally:
+            self.backend_seconds += time.perf_counter() - began
 
     def call(
         self,

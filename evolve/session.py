@@ -11,9 +11,10 @@ ingested on its own before the questions (:meth:`ConversationSession.ingest`), a
 only when needed: when every retrieval of a conversation is cached, no host is even started,
 and when the memory state is cached, its units are never extracted. The memory is built with
 the host's incremental operations: ``open``, then per session its units (extracted or reused)
-and one ``add``, then ``dump``; the adds share one deadline, INDEX_SECONDS plus
-INDEX_SECONDS_PER_UNIT per unit. A question whose stored retrieval proves bad, or a
-diagnostic lookup, builds the memory then if ingestion did not.
+and one ``add``, then ``dump``; the adds share one deadline of the program's time,
+INDEX_SECONDS plus INDEX_SECONDS_PER_UNIT per unit (the optimizer's time answering the host's
+backend requests, embedding above all, is not the program's). A question whose stored
+retrieval proves bad, or a diagnostic lookup, builds the memory then if ingestion did not.
 
 Invariants:
 - A cached output is used only if it has its step's shape (:class:`~evolve.stepcache.StepStore`
@@ -240,9 +241,11 @@ class ConversationSession:
         for i, segment in enumerate(self.conv.sessions):
             units = self.units(i, records[i])
             budget += INDEX_SECONDS_PER_UNIT * len(units)
-            began, allowed = time.monotonic(), max(budget, 0.001)
+            began, served = time.monotonic(), self.pipeline.backend_seconds
+            allowed = max(budget, 0.001)
             self._index_call(partial(self.pipeline.add, segment, units, timeout=allowed))
-            budget -= time.monotonic() - began
+            # the program's time only: embedding and model calls made for it do not count
+            budget -= time.monotonic() - began - (self.pipeline.backend_seconds - served)
         dumped = self._index_call(self.pipeline.dump)
         self._memory_ready = True
         self.count("index", "computed")

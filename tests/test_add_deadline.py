@@ -61,3 +61,31 @@ def test_embedding_the_sessions_own_text_never_times_an_add_out() -> None:
 def test_embedding_beyond_the_volume_is_held_to_the_cap() -> None:
     with pytest.raises(HostTimeout, match=r"^add timed out after 0\.5 s of the program's time"):
         add_once(repeat=4 * ADD_EMBED_VOLUME)
+
+
+def test_a_conversations_index_budget_counts_the_programs_time_only(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluation's adds share one budget of the program's time: embedding done for them by the
+    optimizer, however slow, does not use it up (BEAM-100K conversation 1: 3 sessions, each
+    embedding slower than the whole budget)."""
+    from evolve.datasets.beam import load_conversation
+    from evolve.evalsetup import EvalSetup
+    from evolve.models import embed
+    from evolve.session import run_conversation
+
+    conv, questions = load_conversation(data_dir, "100K", "1")
+    assert len(conv.sessions) == 3
+    monkeypatch.setattr("evolve.session.INDEX_SECONDS", 1.0)
+    monkeypatch.setattr("evolve.session.INDEX_SECONDS_PER_UNIT", 0.0)
+    real = embed.HashingEmbedder.embed
+
+    def slow(self: embed.HashingEmbedder, texts: list[str]) -> np.ndarray:
+        time.sleep(1.5)  # more than the whole budget, per call
+        return real(self, texts)
+
+    monkeypatch.setattr(embed.HashingEmbedder, "embed", slow)
+    program = ROOT / "seeds" / "dense.py"
+    config = EvalSetup(cache_dir=str(tmp_path), task_model=None, embedder="hashing")
+    result = run_conversation(program.read_text(), str(program), conv, questions[:2], config)
+    assert [t.error for t in result.traces] == [None, None]
