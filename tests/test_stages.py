@@ -99,7 +99,7 @@ def test_diagnostics_per_capability_reach_the_coder(full: Evolution):
     assert isinstance(full.coder, ScriptedLLM)
     prompts = [m[-1]["content"] for _, purpose, m in full.coder.transport_calls
                if purpose == "cold_start/diagnose"]  # fmt: skip
-    assert prompts and "Step diagnostics" in prompts[0] and "d_idx" in prompts[0]
+    assert prompts and "Stage diagnostics" in prompts[0] and "d_idx" in prompts[0]
 
 
 def test_refinement_targets_follow_the_dependency_rule(full: Evolution):
