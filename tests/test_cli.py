@@ -103,10 +103,22 @@ def test_eval_other_benchmarks_share_the_json_layout(
 
 
 def test_run_no_reuse_recomputes_every_stage(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    import sandbox.check
+    from evolve.evolution import evaluator, loop
     from evolve.evolution.store import RunStore
 
+    checked: list[str] = []
+
+    def counted(source: str, *args: Any, **kwargs: Any) -> Any:
+        checked.append(source)
+        return real(source, *args, **kwargs)
+
+    real = sandbox.check.check_program
+    for module in (sandbox.check, evaluator, loop):
+        monkeypatch.setattr(module, "check_program", counted)
     data = write_slice(data_dir, tmp_path / "data", messages=12)
     runs = tmp_path / "runs"
     code, _, err = run_cli(capsys, "run", "--data-dir", str(data), "--runs-dir", str(runs),
@@ -126,6 +138,8 @@ def test_run_no_reuse_recomputes_every_stage(
     assert config.index_moves is False and _kept(config.replace(index_moves=True)) == ""
     evaluated = [c for c in store.candidates() if c.status == "evaluated"]
     assert len(evaluated) == 3
+    seed = store.source(store.candidates()[0].id)
+    assert checked.count(seed) == 1  # before the run is created, and not again by the run
     for c in evaluated:
         for split in ("train", "valid"):
             stages = c.scores[split]["stages"]

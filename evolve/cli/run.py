@@ -236,8 +236,8 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     if args.dry_run:
         return _dry_run(config)
     bar = ProgressBar(sum(config.rounds.values()), not args.no_progress, "round")
+    seed_report = None if args.resume else check_seed(config.seed_program)
     if not args.resume:
-        check_seed(config.seed_program)
         check_tasks(config, args.conversations)
     store = open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
@@ -273,7 +273,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
 
         evolution = Evolution(store, config, progress, eval_progress=eval_progress)
         try:
-            evolution.run()
+            evolution.run(seed_report)
         except (EvalError, LLMError) as exc:
             raise UsageError(f"{exc} (resume with: evolve run --resume {store.run_id})") from None
     for line in transfer_lines(transfer(store.candidates())):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
@@ -40,6 +40,9 @@ from evolve.datasets.types import DataError
 from evolve.evolution.store import RunNotFound, RunStore
 from evolve.resources import seed_file
 from evolve.scoring.fitness import mismatch
+
+if TYPE_CHECKING:
+    from sandbox.check import CheckReport
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -153,14 +156,16 @@ def conversations_slice(given: int | str | None, bench: str) -> int | None:
     return None if given in (None, "all") else int(given)
 
 
-def check_seed(seed: str) -> None:
-    """Refuse a seed that fails the sandbox before a run is created for it (no run folder)."""
+def check_seed(seed: str) -> CheckReport:
+    """Refuse a seed that fails the sandbox before a run is created for it (no run folder);
+    the report of one that passes, so the run does not check it again."""
     from sandbox.check import check_program
 
     err.print(f"checking seed {Path(seed).name} in the sandbox")  # progress from the first second
     report = check_program(read_program(Path(seed), "seed program"), seed)
     if not report.passed:
         raise UsageError(f"seed program {seed}: {report.repair_text()}")
+    return report
 
 
 def check_tasks(config: RunConfig, given: int | str | None) -> None:

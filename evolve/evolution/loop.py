@@ -240,8 +240,10 @@ class Evolution:
             self._guards = guard_sets(self.config)
         return self._guards
 
-    def run(self) -> CandidateMeta:
-        """Run every remaining round (or until a budget cap); returns the best program overall."""
+    def run(self, seed_report: CheckReport | None = None) -> CandidateMeta:
+        """Run every remaining round (or until a budget cap); returns the best program overall.
+        ``seed_report``: the seed's sandbox report where the caller has checked it already
+        (used only when it passed on the seed's source as it reads now)."""
         write_caps(calls_path(self.store.root), Caps(self.config.max_usd, self.config.max_tokens))
         reset_endpoint(self.setup)  # tripped by an earlier process: the endpoint may be back
         seed_source = Path(self.config.seed_program).read_text()
@@ -253,7 +255,9 @@ class Evolution:
             message=f"seed {Path(self.config.seed_program).name}",
         )
         try:
-            self.evaluator.judge_all([(seed, None)], None)
+            checked = seed_report.program if seed_report is not None else None
+            reuse = checked is not None and checked.source == seed_source
+            self.evaluator.judge_all([(seed, seed_report if reuse else None)], None)
         except SpendCapReached as exc:
             raise EvalError(f"the seed could not be evaluated: {exc}") from None
         if self.store.get(seed.id).status != "evaluated":
