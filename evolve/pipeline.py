@@ -56,6 +56,7 @@ from evolve.fanout import WallClock, ordered_map
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from sandbox.static import imported_modules
 from sandbox.wire import STATE_CHUNK_BYTES
 
 T = TypeVar("T")
@@ -135,7 +136,8 @@ class Pipeline:
             if self._host is None:
                 try:
                     with self.clock.during("sandbox"):
-                        self._host = Host(self.limits, serve=self._serve)
+                        imports = imported_modules(self.source)
+                        self._host = Host(self.limits, serve=self._serve, imports=imports)
                         loaded, _ = self._host.call(
                             "load", {"source": self.source, "path": self.path}
                         )

@@ -28,7 +28,7 @@ from contract.program import source_digest
 from sandbox.fingerprint import fingerprints
 from sandbox.isolate import Host, HostFailure, HostTimeout, Limits, ProgramFailure
 from sandbox.probe import PROBE_DIM, ProbeBackend, ProbeFailure, judge
-from sandbox.static import check_source
+from sandbox.static import check_source, imported_modules
 
 TIERS = ("source", "schema", "smoke", "probe")
 CHECK_LIMITS = Limits(cpu_seconds=120, memory_mb=4096, call_seconds=60.0)
@@ -112,7 +112,7 @@ def check_program(
         return CheckReport(False, tiers)
     probe_backend = ProbeBackend()
     try:
-        host = Host(limits, serve=probe_backend.serve)
+        host = Host(limits, serve=probe_backend.serve, imports=imported_modules(source))
     except HostFailure as exc:
         tiers.append(
             TierResult(

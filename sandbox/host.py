@@ -1,6 +1,7 @@
 """The confined host process: the only place where candidate code runs.
 
-Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'``.
+Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'
+'<json list of the on-demand modules to load>'``.
 Before it reads any candidate code it confines itself, root or not (:mod:`sandbox.barrier`):
 new user (unless root), mount, network and PID namespaces with a reaper outside; resource
 limits (:func:`confine`); the libraries programs may use imported while the interpreter's files
@@ -51,33 +52,48 @@ def confine(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def warm_up() -> None:
-    """Import what programs may use and exercise lazy imports inside those libraries."""
+def warm_up(on_demand: frozenset[str] | None = None) -> None:
+    """Import what programs may use and exercise lazy imports inside those libraries; of
+    :data:`~sandbox.surface.LOADED_ON_DEMAND`, only the modules in ``on_demand`` (None: all)."""
     import importlib
 
-    import bm25s
     import numpy as np
-    import Stemmer
 
-    from sandbox.static import ALLOWED_IMPORTS
+    from sandbox.surface import ALLOWED_IMPORTS, LOADED_ON_DEMAND
 
     for module in ("sandbox.serve", "sandbox.wire", "sandbox.static"):  # the host's own code
         importlib.import_module(module)
-    for name in sorted(ALLOWED_IMPORTS - {"__future__"}):
+    skipped = LOADED_ON_DEMAND - (LOADED_ON_DEMAND if on_demand is None else on_demand)
+    for name in sorted(ALLOWED_IMPORTS - {"__future__"} - skipped):
         importlib.import_module(name)
-    stemmer = Stemmer.Stemmer("english")
-    corpus = ["a first small text", "another text about numbers"]
-    retriever = bm25s.BM25()
-    retriever.index(
-        bm25s.tokenize(corpus, stemmer=stemmer, show_progress=False), show_progress=False
-    )
-    retriever.get_scores(["text"])
-    retriever.retrieve(
-        bm25s.tokenize(["text"], stemmer=stemmer, show_progress=False), k=1, show_progress=False
-    )
+    if "bm25s" not in skipped:
+        import bm25s
+        import Stemmer
+
+        stemmer = Stemmer.Stemmer("english")
+        corpus = ["a first small text", "another text about numbers"]
+        retriever = bm25s.BM25()
+        retriever.index(
+            bm25s.tokenize(corpus, stemmer=stemmer, show_progress=False), show_progress=False
+        )
+        retriever.get_scores(["text"])
+        retriever.retrieve(
+            bm25s.tokenize(["text"], stemmer=stemmer, show_progress=False), k=1,
+            show_progress=False,
+        )  # fmt: skip
     matrix = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     np.linalg.norm(matrix, axis=1)
     np.argpartition(matrix[:, 0], 2)
+    # numpy's C code imports its Python helpers on first use, through the caller's __import__:
+    # a program's first ``x.sum()`` or ``str(x)`` would ask the host's guard for
+    # numpy._core._methods (refused: private). Used once here, numpy keeps them.
+    for method in ("max", "min", "sum", "prod", "mean", "std", "var", "any", "all", "cumsum",
+                   "cumprod", "argmax", "argmin", "round"):  # fmt: skip
+        getattr(matrix, method)()
+    matrix.clip(0, 1)
+    records = np.zeros(2, dtype=[("a", "f4"), ("b", "i4")])
+    for shown in (matrix, matrix.dtype, matrix[0, 0], records, records.dtype, np.float32(1.5)):
+        str(shown), repr(shown), format(shown)
     for lazy in ("numpy.fft", "numpy.polynomial", "numpy.ma", "_strptime", "encodings.idna",
                  "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
                  "encodings.cp1252", "encodings.unicode_escape"):  # fmt: skip
@@ -92,10 +108,9 @@ def _denied(*_args: Any, **_kwargs: Any) -> Any:
 
 
 def disarm() -> None:
-    """Replace process, network and file entry points reachable through allowed libraries."""
-    import socket
-    import subprocess
-
+    """Replace process, network and file entry points reachable through allowed libraries.
+    ``socket`` and ``subprocess`` are disarmed where a library loaded them (bm25s does); where
+    none did they cannot be loaded: the host's root holds no library files by now."""
     import numpy as np
 
     for name in ("system", "popen", "fork", "forkpty", "execv", "execve", "execvp", "execl",
@@ -104,9 +119,10 @@ def disarm() -> None:
                  "setsid", "open", "symlink", "link", "truncate"):  # fmt: skip
         if hasattr(os, name):
             setattr(os, name, _denied)
-    subprocess.Popen = _denied  # type: ignore[assignment, misc]
-    socket.socket = _denied  # type: ignore[assignment, misc]
-    socket.create_connection = _denied
+    for module, names in (("subprocess", ("Popen",)), ("socket", ("socket", "create_connection"))):
+        if module in sys.modules:
+            for name in names:
+                setattr(sys.modules[module], name, _denied)
     for name in ("load", "save", "savez", "savez_compressed", "fromfile", "loadtxt", "savetxt",
                  "genfromtxt", "memmap", "fromregex"):  # fmt: skip
         setattr(np, name, _denied)
@@ -139,7 +155,9 @@ def restricted_builtins() -> dict[str, Any]:
     return safe
 
 
-def confine_process(limits: dict[str, Any]) -> dict[str, Any]:
+def confine_process(
+    limits: dict[str, Any], on_demand: frozenset[str] | None = None
+) -> dict[str, Any]:
     """Every OS-level step, in order; returns what was obtained (the ``isolation`` report).
     Python-level restrictions (:func:`restricted_builtins`, :func:`disarm`) come after.
 
@@ -148,7 +166,7 @@ def confine_process(limits: dict[str, Any]) -> dict[str, Any]:
     thread pools when imported."""
     isolation = barrier.enter()  # forks: from here on this is the host, PID 1 of its namespace
     confine(limits)
-    warm_up()  # while the interpreter's files are still readable
+    warm_up(on_demand)  # while the interpreter's files are still readable
     barrier.confine_files(isolation, limits["scratch_mb"], limits["scratch_files"])
     barrier.lock(isolation)
     isolation.pop("reaper", None)
@@ -157,8 +175,9 @@ def confine_process(limits: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     limits = json.loads(sys.argv[1])
+    on_demand = frozenset(json.loads(sys.argv[2]))
     out = sys.stdout.buffer
-    isolation = confine_process(limits)
+    isolation = confine_process(limits, on_demand)
     from sandbox.serve import Server
     from sandbox.wire import encode_frame, reader
 

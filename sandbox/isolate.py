@@ -50,11 +50,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sandbox import barrier
+from sandbox.surface import LOADED_ON_DEMAND
 from sandbox.wire import MAX_JSON_BYTES, STATE_CHUNK_BYTES, WireError, encode_frame, read_frame
 
 Serve = Callable[[dict[str, Any], list[bytes]], tuple[dict[str, Any], list[bytes]]]
@@ -150,7 +151,16 @@ def _cpu_of(pid: int) -> float:
 class Host:
     """A confined process that loads one program and runs its code on request."""
 
-    def __init__(self, limits: Limits | None = None, serve: Serve | None = None) -> None:
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        serve: Serve | None = None,
+        imports: Iterable[str] | None = None,
+    ) -> None:
+        """``imports``: the modules the program to be loaded imports
+        (:func:`sandbox.static.imported_modules`); the host loads the allowed ones it loads
+        only on demand (:data:`sandbox.surface.LOADED_ON_DEMAND`) when they are among them.
+        None: it loads every one."""
         self.limits = limits or Limits()
         self.serve = serve
         barrier.shield_optimizer()  # no host of this uid may read our memory or environment
@@ -165,7 +175,9 @@ class Host:
             "PYTHONHASHSEED": "0",
             **{v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
         }
-        cmd = [sys.executable, "-I", "-m", "sandbox.host", json.dumps(asdict(self.limits))]
+        on_demand = sorted(LOADED_ON_DEMAND if imports is None else set(imports) & LOADED_ON_DEMAND)
+        cmd = [sys.executable, "-I", "-m", "sandbox.host", json.dumps(asdict(self.limits)),
+               json.dumps(on_demand)]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,

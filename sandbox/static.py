@@ -96,7 +96,10 @@ from sandbox.surface import (
 )
 
 # The lists and the import rule live in sandbox.surface; these names stay importable from here.
-__all__ = ["ALLOWED_IMPORTS", "REVIEWED_MEMBERS", "Finding", "check_source", "import_allowed"]
+__all__ = [
+    "ALLOWED_IMPORTS", "REVIEWED_MEMBERS", "Finding", "check_source", "import_allowed",
+    "imported_modules",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,18 @@ _NAME_HINT = "it runs code, does I/O or exposes interpreter internals; remove it
 _ATTR_HINT = "it gives file, process, introspection or code-execution access; remove it"
 _SAVE_HINT = "programs may not load or save files; keep data in Memory (json.loads/dumps is fine)"
 _EVAL_HINT = "programs may not touch the evaluator, labels, splits or run store; remove it"
+
+
+def imported_modules(source: str) -> frozenset[str]:
+    """The top-level names of every module ``source`` imports, anywhere in it (empty when it
+    does not parse: such a program never loads)."""
+    try:
+        tree = parse(source)
+    except SyntaxError:
+        return frozenset()
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    return frozenset(name.split(".")[0] for name in names)
 
 
 def check_source(source: str, parent_source: str | None = None) -> list[Finding]:
