@@ -1,7 +1,7 @@
 """The confined host process: the only place where candidate code runs.
 
 Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'
-'<json list of the on-demand modules to load>'``.
+'<json list of the modules the program imports>'``.
 Before it reads any candidate code it confines itself, root or not (:mod:`sandbox.barrier`):
 new user (unless root), mount, network and PID namespaces with a reaper outside; resource
 limits (:func:`confine`); the libraries programs may use imported while the interpreter's files
@@ -63,10 +63,10 @@ def warm_up(on_demand: frozenset[str] | None = None) -> None:
 
     for module in ("sandbox.serve", "sandbox.wire", "sandbox.static"):  # the host's own code
         importlib.import_module(module)
-    skipped = LOADED_ON_DEMAND - (LOADED_ON_DEMAND if on_demand is None else on_demand)
-    for name in sorted(ALLOWED_IMPORTS - {"__future__"} - skipped):
+    loaded = LOADED_ON_DEMAND if on_demand is None else LOADED_ON_DEMAND & on_demand
+    for name in sorted((ALLOWED_IMPORTS - {"__future__"} - LOADED_ON_DEMAND) | loaded):
         importlib.import_module(name)
-    if "bm25s" not in skipped:
+    if "bm25s" in loaded:
         import bm25s
         import Stemmer
 

@@ -175,9 +175,9 @@ class Host:
             "PYTHONHASHSEED": "0",
             **{v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
         }
-        on_demand = sorted(LOADED_ON_DEMAND if imports is None else set(imports) & LOADED_ON_DEMAND)
+        wanted = sorted(LOADED_ON_DEMAND if imports is None else set(imports))
         cmd = [sys.executable, "-I", "-m", "sandbox.host", json.dumps(asdict(self.limits)),
-               json.dumps(on_demand)]  # fmt: skip
+               json.dumps(wanted)]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,

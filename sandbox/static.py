@@ -134,9 +134,13 @@ def imported_modules(source: str) -> frozenset[str]:
         tree = parse(source)
     except SyntaxError:
         return frozenset()
-    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-    return frozenset(name.split(".")[0] for name in names)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return frozenset(names)
 
 
 def check_source(source: str, parent_source: str | None = None) -> list[Finding]:

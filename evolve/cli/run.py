@@ -236,8 +236,9 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
     if args.dry_run:
         return _dry_run(config)
     bar = ProgressBar(sum(config.rounds.values()), not args.no_progress, "round")
-    seed_report = None if args.resume else check_seed(config.seed_program)
+    seed_report = None
     if not args.resume:
+        seed_report = check_seed(config.seed_program)
         check_tasks(config, args.conversations)
     store = open_run(args)[0] if args.resume else RunStore.create(
         args.runs_dir, build_manifest(config))  # fmt: skip
