@@ -14,22 +14,25 @@ last).
 
 What counts as relevant reads that score alone: the hits are the TOP_K best units at or above
 MIN_SCORE and at or above RELATIVE_FLOOR times the query's best unit score. Length never
-decides which units are hits, only the order they are packed in: by the score less
-LENGTH_PENALTY times the natural log of the unit's characters (at least SHORT_CHARS: among
-hits that short, the score alone decides), so that in a fixed budget one long hit no longer
-displaces several short ones, while a short unit that is not a hit is never packed for being
-short. The hits are then optionally re-ordered by maximal marginal relevance
-(MMR_LAMBDA < 1), at most SESSION_CAP of them kept per session, NEIGHBOURS adjacent units of
-the same session added after each hit, and the result packed within the character budget in
-that order (a block that does not fit is skipped, the next tried); CHRONOLOGICAL then lists
-what fitted in the order the units were indexed. A hit returns its whole unit, or with
-RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of the unit on either side.
+decides which units are hits, only the order they are packed in: by the score less what the
+hit's length costs, so that in a fixed budget one long hit no longer displaces several short
+ones, while a short unit that is not a hit is never packed for being short. Two costs add up:
+BUDGET_COST times the share of the budget the unit's characters take (linear: a 150-character
+turn costs 1 % of what a 15,000-character reply does, so among short hits the score decides),
+and LENGTH_PENALTY times the natural log of the unit's characters (at least SHORT_CHARS: among
+hits that short, the score alone decides). The hits are then optionally re-ordered by
+maximal marginal relevance (MMR_LAMBDA < 1), at most SESSION_CAP of them kept per session,
+NEIGHBOURS adjacent units of the same session added after each hit, and the result packed
+within the character budget in that order (a block that does not fit is skipped, the next
+tried); CHRONOLOGICAL then lists what fitted in the order the units were indexed. A hit
+returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of
+the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
 The constant proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
 marked ``(format)``: the offline fitness reads which evidence reached the context, not the
 dates or the order a reader gets it in. The defaults are the seed's original behaviour (no
-expansion, no prior, no relative floor, no length penalty, no cap, no overlap, whole units by
+expansion, no prior, no relative floor, no length cost, no cap, no overlap, whole units by
 relevance).
 """
 
@@ -63,6 +66,7 @@ RECENCY_WEIGHT = 0.0  # score bonus of the last unit, linear in position from 0 
 RELATIVE_FLOOR = 0.0  # hits score at least this share of the query's best unit (range 0.0-0.9)
 SHORT_CHARS = 0  # a hit this short or shorter packs as if this long (range 0-2000)
 LENGTH_PENALTY = 0.0  # pack hits by score minus this times ln(unit characters) (range 0.0-0.5)
+BUDGET_COST = 0.0  # pack hits by score minus this times their share of the budget (range 0.0-4.0)
 
 EXTRACTION_INSTRUCTION = (
     "Read the conversation session and write down what a personal assistant must remember "
@@ -167,7 +171,7 @@ class Memory:
         if RECENCY_WEIGHT > 0 and len(self.units) > 1:
             unit_scores += RECENCY_WEIGHT * np.linspace(0.0, 1.0, len(self.units))
         hits = self._relevant(unit_scores)
-        if LENGTH_PENALTY > 0:
+        if LENGTH_PENALTY > 0 or BUDGET_COST > 0:
             hits = self._by_density(hits, unit_scores)
         if MMR_LAMBDA < 1.0 and len(hits) > 1:
             hits = self._mmr(hits, unit_scores)
@@ -197,11 +201,14 @@ class Memory:
         return [int(i) for i in best if unit_scores[i] >= floor]
 
     def _by_density(self, hits, unit_scores):
-        """The hits in packing order: by score less LENGTH_PENALTY * ln(characters), a hit
-        shorter than SHORT_CHARS counted as SHORT_CHARS long (among such hits, score decides)."""
-        chars = [max(len(self.units[i].content), SHORT_CHARS, 1) for i in hits]
-        chars = np.array(chars, dtype=np.float64)
-        key = unit_scores[hits] - LENGTH_PENALTY * np.log(chars)
+        """The hits in packing order: by score less BUDGET_COST * the share of the budget a
+        hit's characters take (at most 1) and less LENGTH_PENALTY * ln(characters), a hit
+        shorter than SHORT_CHARS counted as SHORT_CHARS long there (among such hits, score
+        decides)."""
+        chars = np.array([max(len(self.units[i].content), 1) for i in hits], dtype=np.float64)
+        share = np.minimum(chars / OUT_CHAR_BUDGET, 1.0)
+        key = unit_scores[hits] - BUDGET_COST * share
+        key = key - LENGTH_PENALTY * np.log(np.maximum(chars, SHORT_CHARS))
         return [hits[j] for j in np.argsort(-key, kind="stable")]
 
     def _bm25(self, terms):

@@ -77,7 +77,8 @@ def test_new_tunables_are_declared_with_neutral_defaults() -> None:
         assert named[name].declared, name
     defaults = {"RETURN_CHUNK": False, "CHRONOLOGICAL": False, "SESSION_CAP": 0,
                 "CHUNK_OVERLAP": 0, "RARE_TERMS": 0, "RECENCY_WEIGHT": 0.0,
-                "RELATIVE_FLOOR": 0.0, "SHORT_CHARS": 0, "LENGTH_PENALTY": 0.0}  # fmt: skip
+                "RELATIVE_FLOOR": 0.0, "SHORT_CHARS": 0, "LENGTH_PENALTY": 0.0,
+                "BUDGET_COST": 0.0}  # fmt: skip
     assert {n: named[n].value for n in defaults} == defaults
 
 
@@ -121,6 +122,24 @@ def test_length_penalty_orders_packing_never_selection() -> None:
     packed = retrieve("dentist bill", LENGTH_PENALTY=0.5, **small).split("\n\n")
     assert first[0].endswith("dentist bill was paid") and len(first) < 4
     assert sorted(packed) == sorted(plain[1:])
+
+
+def test_budget_cost_pushes_back_long_hits_and_leaves_short_ones_in_score_order() -> None:
+    # (BUDGET_COST's "changes what retrieve returns" test.) The cost is linear in the share of
+    # the budget a hit takes: in a budget of 1,000 characters the long hit (891 characters)
+    # costs 0.89 of BUDGET_COST and is packed last, while hits of a few dozen characters differ
+    # by a few hundredths and keep the score's order; the hits are still the TOP_K by score
+    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False, "TOP_K": 6}
+    ranked = retrieve("dentist bill", **at).split("\n\n")  # all fit: the score's order
+    assert ranked[0].endswith("dentist bill was paid") and len(ranked[0]) > 800
+    short = [b for b in ranked if len(b) <= 100]
+    small = {**at, "OUT_CHAR_BUDGET": 1000}
+    costed = retrieve("dentist bill", BUDGET_COST=1.0, **small).split("\n\n")
+    assert costed == short  # every short hit, in score order; the long one no longer fits
+    assert retrieve("dentist bill", **small).split("\n\n")[0] == ranked[0]  # without the cost
+    # the log penalty, at a weight that pushes the long hit back as well, reorders short ones
+    logged = retrieve("dentist bill", LENGTH_PENALTY=0.5, **small).split("\n\n")
+    assert sorted(logged) == sorted(short) and logged != short
 
 
 def test_short_units_that_are_not_hits_are_never_packed() -> None:
@@ -211,7 +230,8 @@ def test_extreme_settings_pass_the_sandbox() -> None:
                      ("RECENCY_WEIGHT = 0.0", "RECENCY_WEIGHT = 0.3"),
                      ("RELATIVE_FLOOR = 0.0", "RELATIVE_FLOOR = 0.9"),
                      ("SHORT_CHARS = 0", "SHORT_CHARS = 2000"),
-                     ("LENGTH_PENALTY = 0.0", "LENGTH_PENALTY = 0.5")]:  # fmt: skip
+                     ("LENGTH_PENALTY = 0.0", "LENGTH_PENALTY = 0.5"),
+                     ("BUDGET_COST = 0.0", "BUDGET_COST = 4.0")]:  # fmt: skip
         assert old in extreme
         extreme = extreme.replace(old, new)
     report = check_program(extreme, "extreme hybrid", SOURCE)

@@ -156,7 +156,9 @@ def test_a_replayed_round_proposes_the_same_second_child(tmp_path: Path) -> None
 def test_only_train_scores_and_the_target_steer_it(tmp_path: Path) -> None:
     base = new_run(tmp_path, "base")
     evolve(base, TPEProposer(5, base.root), range(STARTUP + 3))
-    reqs = [request(base, STARTUP + 3, target="F", child=k) for k in range(4)]
+    reqs = [
+        request(base, STARTUP + 3, target="F", child=k) for k in range(8)
+    ]  # 8 subspaces: some hold a tunable the history moved
     proposals = [TPEProposer(5, base.root).propose(req) for req in reqs]
 
     def rescored(name: str, make: Callable[[float], dict[str, dict[str, object]]]) -> list[str]:

@@ -76,27 +76,31 @@ EXCLUDED = frozenset({"OUT_CHAR_BUDGET"})  # fixed by the environment, not a cho
 REBUILD = frozenset({"extract", "index"})
 GUIDED_PROBABILITY = 0.7
 SMALL_INT_SPAN = 10  # ints whose range is at most this wide move by +-1
-# Measured, not guessed (docs/performance.md, "One move from the hybrid seed"; bench/space.py
-# --moves): on BEAM-100K train three single moves from the seed are worth more than a point
-# overall: LENGTH_PENALTY 0 -> 0.25 (+14.0 pp: T +16.5, P +31.0, M +9.7, A +4.2, but F -10.0),
-# USER_WEIGHT 1.0 -> 1.25 (+7.2 pp) and ASSISTANT_WEIGHT 0.9 -> 0.7 (+8.1 pp), the role weights
-# gaining on every capability (F least: +0.9 pp); RARE_TERMS 0 -> 4 is +5.5 pp on P. The old
-# guesses (more neighbours, more diversity, a higher floor, a larger TOP_K, a heavier lexical
-# weight, smaller chunks) gained nothing or lost 0.6-12.9 pp. LENGTH_PENALTY was measured when
-# it also chose which units were hits; it now orders only their packing (docs/performance.md,
-# "Length orders packing, not relevance"), which scores within 0.4 pp of that on train's first
-# 2 conversations and loses nothing on LoCoMo's short turns, so the table stands.
+# Measured, not guessed (docs/performance.md, "One move from the hybrid seed" and "A length
+# cost that reads the budget"; bench/space.py --moves): on BEAM-100K train, from the seed, the
+# role weights gain on every capability (USER_WEIGHT 1.0 -> 1.25: +7.2 pp, ASSISTANT_WEIGHT
+# 0.9 -> 0.7: +8.2 pp; F least, +0.9 pp), and a length cost in packing gains most on T, P and
+# M: BUDGET_COST 0 -> 2 (+10.4 pp: T +9.6, P +26.7, M +7.7, A +1.1, F -6.0) as much as
+# LENGTH_PENALTY 0 -> 0.25 (+10.5 pp). BUDGET_COST is the one guided: its cost is the share of
+# the budget a hit takes, so it reorders nothing among short chat turns, where the log penalty
+# over a large pool of hits packs the shortest turns first (docs/performance.md, "Length orders
+# packing, not relevance"); LENGTH_PENALTY stays searchable by random moves. With the cost on,
+# a larger pool of hits gains (TOP_K 80 -> 290 at BUDGET_COST 2: +3.3 pp; T +7.1, P +3.7,
+# M +2.3) where from the seed it moves nothing; RARE_TERMS 0 -> 4 is +8.6 pp on P. The old
+# guesses (more neighbours, more diversity, a higher floor, a heavier lexical weight, smaller
+# chunks) gained nothing or lost 0.6-12.9 pp.
 GUIDANCE: dict[str, tuple[tuple[str, int], ...]] = {
     "F": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),  # nothing gains F more
-    "T": (("LENGTH_PENALTY", 1), ("ASSISTANT_WEIGHT", -1), ("USER_WEIGHT", 1)),
+    "T": (("BUDGET_COST", 1), ("TOP_K", 1), ("ASSISTANT_WEIGHT", -1), ("USER_WEIGHT", 1)),
     "P": (
-        ("LENGTH_PENALTY", 1),
+        ("BUDGET_COST", 1),
+        ("TOP_K", 1),
         ("USER_WEIGHT", 1),
         ("ASSISTANT_WEIGHT", -1),
         ("RARE_TERMS", 1),
     ),  # the user's words, and many short ones
-    "M": (("LENGTH_PENALTY", 1), ("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),
-    "A": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1), ("LENGTH_PENALTY", 1)),
+    "M": (("BUDGET_COST", 1), ("TOP_K", 1), ("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1)),
+    "A": (("USER_WEIGHT", 1), ("ASSISTANT_WEIGHT", -1), ("BUDGET_COST", 1)),
 }
 
 _NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")

@@ -298,9 +298,11 @@ class HashingEmbedder(Embedder):
     Lower-cased word tokens and their character trigrams (with ``#`` word boundaries) are
     hashed (blake2b, so stable across processes) into ``dim`` signed buckets, then the row is
     L2-normalised; a text without tokens stays the zero vector. A word's buckets are hashed once
-    per process (an LRU cache), so encoding is one vectorised add per text. It never loads a
-    model. It is for tests and explicit offline smoke runs only: callers must select it by name
-    and say so.
+    per process (an LRU cache), so encoding is one vectorised add per text, and a text's row is
+    kept too (an LRU cache of read-only rows: diagnostics and scoring embed the same unit texts
+    for many questions, and without a cache file every call would encode them again). It
+    never loads a model. It is for tests and explicit offline smoke runs only: callers must
+    select it by name and say so.
     """
 
     def __init__(self, dim: int = 384, cache_path: str | Path | None = None) -> None:
@@ -309,17 +311,26 @@ class HashingEmbedder(Embedder):
         self.name = f"hashing-{dim}"
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, text in enumerate(texts):
-            counts = Counter(_TOKEN.findall(text.lower()))
-            if not counts:
-                continue
-            parts = [(*_word_features(word, self.dim), n) for word, n in counts.items()]
-            buckets = np.concatenate([b for b, _, _ in parts])
-            weights = np.concatenate([signs * n for _, signs, n in parts])
-            np.add.at(out[row], buckets, weights)
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.where(norms > 0, norms, 1.0)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([_hashed_row(text, self.dim) for text in texts])
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _hashed_row(text: str, dim: int) -> np.ndarray:
+    """One text's L2-normalised row (read-only: the cache hands the same array out again)."""
+    row = np.zeros(dim, dtype=np.float32)
+    counts = Counter(_TOKEN.findall(text.lower()))
+    if counts:
+        parts = [(*_word_features(word, dim), n) for word, n in counts.items()]
+        buckets = np.concatenate([b for b, _, _ in parts])
+        weights = np.concatenate([signs * n for _, signs, n in parts])
+        np.add.at(row, buckets, weights)
+        norm = np.linalg.norm(row)
+        if norm > 0:
+            row /= norm
+    row.flags.writeable = False
+    return row
 
 
 @functools.lru_cache(maxsize=1 << 17)
