@@ -7,7 +7,9 @@ per conversation (:func:`evolve.session.run_conversation`) to a backend's ``exec
 Invariants:
 
 - ``local`` is joblib's reusable loky pool, shared between evaluations of one process so the
-  embedding model loads once per worker; torch gets an equal share of the cores in each worker.
+  embedding model loads once per worker. Its jobs in flight are counted on a
+  :class:`evolve.models.cores.BusyBoard` (:class:`CountingExecutor`), and each worker sets
+  torch's threads to the cores divided among the busy jobs before every batch it encodes.
 - ``ray`` submits each job as one Ray task (``num_cpus=1``) and wraps its ObjectRef as a future.
   It connects to ``address`` (``auto``, ``ray://host:10001``, ...) or, without one, starts a
   private local Ray instance on loopback (even when ``RAY_ADDRESS`` or a ``ray start`` on this
@@ -33,6 +35,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from evolve.models import cores
 
 BACKENDS = ("local", "ray")
 WATCH_SECONDS = 0.5  # how often a local worker checks that its parent is still there
@@ -64,13 +68,32 @@ def make_backend(name: str, jobs: int, address: str | None = None) -> JobBackend
 def _loky(jobs: int) -> JobExecutor:
     from joblib.externals.loky import get_reusable_executor
 
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    busy = cores.board(jobs)
+    threads = str(max(1, cores.count() // max(1, jobs)))
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, cores.ENV: busy.path}
     executor: JobExecutor = get_reusable_executor(
         max_workers=max(1, jobs), timeout=300, env=env,
         initializer=die_with_parent, initargs=(os.getpid(),),
     )  # fmt: skip
-    return executor
+    return CountingExecutor(executor, busy)
+
+
+class CountingExecutor:
+    """An executor that keeps ``board`` told how many of its jobs are in flight."""
+
+    def __init__(self, executor: JobExecutor, board: cores.BusyBoard) -> None:
+        self._executor = executor
+        self._board = board
+
+    def submit(self, fn: Any, /, *args: Any) -> Future[Any]:
+        self._board.started()
+        try:
+            future = self._executor.submit(fn, *args)
+        except BaseException:
+            self._board.finished()
+            raise
+        future.add_done_callback(lambda _: self._board.finished())
+        return future
 
 
 def die_with_parent(parent: int) -> None:

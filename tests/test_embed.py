@@ -212,3 +212,38 @@ def test_bf16_vectors_stay_within_the_stated_tolerance_of_fp32(data_dir: Path) -
     deviation = 1.0 - np.sum(vectors["fp32"] * vectors["bf16"], axis=1)
     assert deviation.max() <= embed.BF16_TOLERANCE, deviation.max()
     assert not np.array_equal(vectors["fp32"], vectors["bf16"])  # bf16 did run
+
+
+@pytest.mark.slow
+def test_a_workers_thread_share_changes_no_vector(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encoding follows the pool's board (evolve.models.cores): one thread while another job is
+    busy, every core when alone, and MiniLM's rows are bit-identical either way, so what a run
+    scores never depends on when a job ran alone."""
+    import torch
+
+    from evolve.datasets.benches import load_taskset
+    from evolve.models import cores
+
+    conv = load_taskset("beam", data_dir, "valid").conversations[0]
+    texts = [m.text() for _, m in conv.messages().values()][:16]
+    monkeypatch.setattr(cores, "count", lambda: 2)
+    board = cores.BusyBoard(workers=2)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(cores.ENV, board.path)
+        rows = {}
+        for busy in (2, 1):
+            while board.busy() < busy:
+                board.started()
+            while board.busy() > busy:
+                board.finished()
+            embedder = Embedder()
+            rows[busy] = embedder.embed(texts)
+            rows[busy, "threads"] = torch.get_num_threads()
+    finally:
+        board.close()
+        torch.set_num_threads(before)
+    assert (rows[2, "threads"], rows[1, "threads"]) == (1, 2)
+    assert np.array_equal(rows[2], rows[1])

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from evolve.models import cache_transaction
+from evolve.models import cache_transaction, cores
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -213,6 +213,7 @@ class Embedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         """Encode texts (no cache); rows float32 and L2-normalised."""
         model = self._load()
+        cores.use_share()  # a pool worker running alone takes every core
         if self.precision == "bf16":
             import torch
 
