@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from evolve.cli.common import JOBS_PER_CPU, machine_cpus
+from evolve.cli.common import JOBS_PER_CPU
 from evolve.cli.main import main
+from evolve.models import cores
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = str(ROOT / "seeds" / "dense.py")
@@ -20,7 +21,7 @@ RUN = ["run", "--embedder", "hashing", "--no-progress", "--dry-run"]
 # (command line, the flag the one error line must name)
 TOO_MUCH: list[tuple[list[str], str]] = [
     ([*EVAL, "--jobs", "1000000000"], "--jobs"),
-    ([*EVAL, "--jobs", str(JOBS_PER_CPU * machine_cpus() + 1)], "--jobs"),
+    ([*EVAL, "--jobs", str(JOBS_PER_CPU * cores.count() + 1)], "--jobs"),
     ([*EVAL, "--llm-timeout", "1e300"], "--llm-timeout"),
     ([*EVAL, "--llm-timeout", "3601"], "--llm-timeout"),
     ([*EVAL, "--llm-concurrency", "1000000000"], "--llm-concurrency"),
@@ -66,7 +67,7 @@ def test_the_bounds_let_the_largest_allowed_values_through() -> None:
     """The bounds refuse only what is out of range: the largest allowed values parse."""
     from evolve.cli.main import build_parser
 
-    most = str(JOBS_PER_CPU * machine_cpus())
+    most = str(JOBS_PER_CPU * cores.count())
     args = build_parser().parse_args(
         [*EVAL, "--jobs", most, "--llm-timeout", "3600", "--llm-concurrency", "1024",
          "--conversations", "1000000", "--split", "valid"]

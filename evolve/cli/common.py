@@ -43,7 +43,7 @@ from rich.progress import (
 
 from evolve.datasets.benches import BENCHES
 from evolve.datasets.types import DataError
-from evolve.models import DAMAGE_LOG
+from evolve.models import DAMAGE_LOG, cores
 from evolve.models.llm import ModelConfig
 
 PLAIN_SECONDS = 30.0  # a plain progress line at least this often when stderr is no terminal
@@ -76,14 +76,6 @@ def _bounded(cast: Callable[[str], Any], test: Callable[[Any], bool], what: str)
         return value
 
     return parse
-
-
-def machine_cpus() -> int:
-    """The CPUs this process may run on (its affinity, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # Upper bounds of the numeric flags: what the machine allows (worker processes per CPU), what a
@@ -136,9 +128,9 @@ conversation_count = _bounded(
 
 def jobs_count(text: str) -> int:
     """``--jobs``: worker processes, at most :data:`JOBS_PER_CPU` per CPU of this machine."""
-    most = JOBS_PER_CPU * machine_cpus()
+    most = JOBS_PER_CPU * cores.count()
     what = f"an integer from 1 to {most} ({JOBS_PER_CPU} per CPU; this machine has " \
-        f"{machine_cpus()})"  # fmt: skip
+        f"{cores.count()})"  # fmt: skip
     value: int = _ranged(int, 1, most, what)(text)
     return value
 

@@ -14,7 +14,7 @@ Invariants:
   in the environment, or its file gone with its parent) it is None and the process keeps its
   thread setting.
 - The thread count changes no vector: MiniLM's rows are bit-identical with one thread and with
-  two (``tests/test_quality.py``), so what a run scores never depends on when a job ran alone.
+  two (``tests/test_embed.py``), so what a run scores never depends on when a job ran alone.
 - The board is a 4-byte file (mode 0600) in a private temporary folder, written with
   ``pwrite`` and read with ``pread``: nothing to leak when a process is killed (the folder is
   removed at a normal exit), and no shared-memory segment that a worker's resource tracker
@@ -39,7 +39,8 @@ _READER: dict[str, int] = {}  # path -> open descriptor, in a worker
 
 
 def count() -> int:
-    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    """The cores this process may run on (its CPU affinity where the OS tells it); the one
+    count of the machine's CPUs (the CLI's ``--jobs`` bound reads it too)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -71,11 +72,13 @@ class BusyBoard:
 
     def busy(self) -> int:
         with self._lock:
-            return max(1, min(self._in_flight, self.workers))
+            return self._busy()
+
+    def _busy(self) -> int:
+        return max(1, min(self._in_flight, self.workers))
 
     def _publish(self) -> None:
-        busy = max(1, min(self._in_flight, self.workers))
-        os.pwrite(self._fd, struct.pack(_FORMAT, busy), 0)
+        os.pwrite(self._fd, struct.pack(_FORMAT, self._busy()), 0)
 
     def close(self) -> None:
         try:
