@@ -5,8 +5,8 @@ give it only a trusted program (the project's seeds). Each variant is the progra
 tunable constants set (:func:`evolve.evolution.constants.searchable`: the ones constant search may
 move), run through offline mode's stand-ins as the executor runs them (one unit per message,
 the question as the query; :mod:`contract.program`) over a split (BEAM-100K unless named
-otherwise), and scored with
-evidence coverage (:mod:`evolve.scoring.coverage`), overall and per capability.
+otherwise), and scored with evidence coverage (:mod:`evolve.scoring.coverage`), overall, per
+capability, and for broad and narrow questions (:data:`BROAD_EVIDENCE`).
 
 - ``--moves``: the program as written, then each tunable moved alone halfway to each end of its
   range (a bool flipped): the gain of every single move, per capability, on ``--split``. This
@@ -60,6 +60,9 @@ from evolve.resources import seed_file
 from evolve.scoring.coverage import CoverageScorer, ScoreInput
 
 CAPS = ("F", "T", "P", "M", "A")
+BROAD_EVIDENCE = 8  # a question with this many evidence messages or more is "broad" (a summary,
+# a timeline of the whole history); the rest are "narrow" (docs/performance.md, "Broad questions")
+GROUPS = ("all", *CAPS, "broad", "narrow")
 
 
 class Space:
@@ -91,8 +94,9 @@ class Space:
         groups: dict[str, list[float]] = defaultdict(list)
         for item, row in zip(items, self.scorer.score(items), strict=True):
             if row["evidence_coverage"] is not None:
-                groups["all"].append(row["evidence_coverage"])
-                groups[item.question.capability].append(row["evidence_coverage"])
+                breadth = "broad" if len(item.evidence) >= BROAD_EVIDENCE else "narrow"
+                for group in ("all", item.question.capability, breadth):
+                    groups[group].append(row["evidence_coverage"])
         return {k: float(np.mean(v)) for k, v in groups.items()}
 
 
@@ -123,7 +127,7 @@ def halfway(t: Tunable) -> list[Value]:
 def _row(label: str, scores: dict[str, float], base: dict[str, float] | None = None) -> str:
     ref = base or dict.fromkeys(scores, 0.0)
     sign = "+" if base else ""
-    cells = [f"{k} {scores[k] - ref[k]:{sign}.3f}" for k in ("all", *CAPS) if k in scores]
+    cells = [f"{k} {scores[k] - ref[k]:{sign}.3f}" for k in GROUPS if k in scores]
     return f"{label:28s} " + "  ".join(cells)
 
 

@@ -21,12 +21,13 @@ BUDGET_COST times the share of the budget the unit's characters take (linear: a 
 turn costs 1 % of what a 15,000-character reply does, so among short hits the score decides),
 and LENGTH_PENALTY times the natural log of the unit's characters (at least SHORT_CHARS: among
 hits that short, the score alone decides). The hits are then optionally re-ordered by
-maximal marginal relevance (MMR_LAMBDA < 1), at most SESSION_CAP of them kept per session,
-NEIGHBOURS adjacent units of the same session added after each hit, and the result packed
-within the character budget in that order (a block that does not fit is skipped, the next
-tried); CHRONOLOGICAL then lists what fitted in the order the units were indexed. A hit
-returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT characters of
-the unit on either side.
+maximal marginal relevance (MMR_LAMBDA < 1; its relevance is that packing order's key, so
+diversity adjusts the costs' order rather than undoing it), at most SESSION_CAP of them kept
+per session, NEIGHBOURS adjacent units of the same session added after each hit, and the
+result packed within the character budget in that order (a block that does not fit is
+skipped, the next tried); CHRONOLOGICAL then lists what fitted in the order the units were
+indexed. A hit returns its whole unit, or with RETURN_CHUNK its best chunk with CHUNK_CONTEXT
+characters of the unit on either side.
 
 Every module-level number or boolean below is a tunable constant; the comment gives its range.
 The constant proposer searches them within those ranges, but for DATE_PREFIX and CHRONOLOGICAL,
@@ -171,10 +172,11 @@ class Memory:
         if RECENCY_WEIGHT > 0 and len(self.units) > 1:
             unit_scores += RECENCY_WEIGHT * np.linspace(0.0, 1.0, len(self.units))
         hits = self._relevant(unit_scores)
+        packing = unit_scores
         if LENGTH_PENALTY > 0 or BUDGET_COST > 0:
-            hits = self._by_density(hits, unit_scores)
+            hits, packing = self._by_density(hits, unit_scores)
         if MMR_LAMBDA < 1.0 and len(hits) > 1:
-            hits = self._mmr(hits, unit_scores)
+            hits = self._mmr(hits, packing)
         if SESSION_CAP > 0:
             hits = self._capped(hits)
         order = self._with_neighbours(hits)
@@ -201,15 +203,17 @@ class Memory:
         return [int(i) for i in best if unit_scores[i] >= floor]
 
     def _by_density(self, hits, unit_scores):
-        """The hits in packing order: by score less BUDGET_COST * the share of the budget a
-        hit's characters take (at most 1) and less LENGTH_PENALTY * ln(characters), a hit
-        shorter than SHORT_CHARS counted as SHORT_CHARS long there (among such hits, score
-        decides)."""
+        """The hits in packing order, and the packing key per unit (the score, for a unit that
+        is not a hit): a hit's key is its score less BUDGET_COST * the share of the budget its
+        characters take (at most 1) and less LENGTH_PENALTY * ln(characters), a hit shorter
+        than SHORT_CHARS counted as SHORT_CHARS long there (among such hits, score decides)."""
         chars = np.array([max(len(self.units[i].content), 1) for i in hits], dtype=np.float64)
         share = np.minimum(chars / OUT_CHAR_BUDGET, 1.0)
         key = unit_scores[hits] - BUDGET_COST * share
         key = key - LENGTH_PENALTY * np.log(np.maximum(chars, SHORT_CHARS))
-        return [hits[j] for j in np.argsort(-key, kind="stable")]
+        packing = np.array(unit_scores, dtype=np.float64)
+        packing[hits] = key
+        return [hits[j] for j in np.argsort(-key, kind="stable")], packing
 
     def _bm25(self, terms):
         """Each chunk's BM25 score for the query's terms (a term named twice counts twice; one
@@ -260,12 +264,16 @@ class Memory:
                 best[u] = c
         return best
 
-    def _mmr(self, hits, unit_scores):
+    def _mmr(self, hits, relevance_of):
+        """The hits re-ordered by maximal marginal relevance: MMR_LAMBDA * relevance less
+        (1 - MMR_LAMBDA) * the max cosine to a hit already chosen (first chunks), relevance
+        read from ``relevance_of`` (the packing key when a length cost is set, so diversity
+        adjusts the cost's order rather than undoing it)."""
         first_chunk = {}
         for c, u in enumerate(self.chunk_unit):
             first_chunk.setdefault(u, c)
         vecs = self.vectors[[first_chunk[u] for u in hits]]
-        relevance = unit_scores[hits]
+        relevance = relevance_of[hits]
         chosen, rest = [0], list(range(1, len(hits)))
         max_sim = vecs @ vecs[0]
         while rest:

@@ -142,6 +142,18 @@ def test_budget_cost_pushes_back_long_hits_and_leaves_short_ones_in_score_order(
     assert sorted(logged) == sorted(short) and logged != short
 
 
+def test_mmr_adjusts_the_costs_packing_order_rather_than_undoing_it() -> None:
+    # MMR reads the packing key as relevance: at a lambda so near 1 that diversity can only
+    # break near-ties, the budget cost's order stands (the long hit stays last and, in a budget
+    # of 1,000 characters, out); relevance read as the raw score would pack the long hit first
+    at = {"CHUNK_CHARS": 200, "DATE_PREFIX": False, "TOP_K": 6, "OUT_CHAR_BUDGET": 1000}
+    costed = retrieve("dentist bill", BUDGET_COST=1.0, **at).split("\n\n")
+    both = retrieve("dentist bill", BUDGET_COST=1.0, MMR_LAMBDA=0.9999, **at).split("\n\n")
+    assert both == costed and all(len(b) <= 100 for b in both)
+    # and MMR still acts when diversity weighs
+    assert retrieve("dentist bill", BUDGET_COST=1.0, MMR_LAMBDA=0.3, **at).split("\n\n") != costed
+
+
 def test_short_units_that_are_not_hits_are_never_packed() -> None:
     # many short, barely related turns: ranked by score less the penalty they would beat the
     # relevant units into the TOP_K; selected by score they stay out, whatever the penalty
