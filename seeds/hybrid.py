@@ -172,11 +172,12 @@ class Memory:
         if RECENCY_WEIGHT > 0 and len(self.units) > 1:
             unit_scores += RECENCY_WEIGHT * np.linspace(0.0, 1.0, len(self.units))
         hits = self._relevant(unit_scores)
-        packing = unit_scores
+        key = unit_scores
         if LENGTH_PENALTY > 0 or BUDGET_COST > 0:
-            hits, packing = self._by_density(hits, unit_scores)
+            key = self._packing_key(hits, unit_scores)
+            hits = sorted(hits, key=lambda i: -key[i])  # stable: ties keep the score's order
         if MMR_LAMBDA < 1.0 and len(hits) > 1:
-            hits = self._mmr(hits, packing)
+            hits = self._mmr(hits, key)
         if SESSION_CAP > 0:
             hits = self._capped(hits)
         order = self._with_neighbours(hits)
@@ -202,18 +203,17 @@ class Memory:
         best = best[np.argsort(-rank[best], kind="stable")]
         return [int(i) for i in best if unit_scores[i] >= floor]
 
-    def _by_density(self, hits, unit_scores):
-        """The hits in packing order, and the packing key per unit (the score, for a unit that
-        is not a hit): a hit's key is its score less BUDGET_COST * the share of the budget its
-        characters take (at most 1) and less LENGTH_PENALTY * ln(characters), a hit shorter
-        than SHORT_CHARS counted as SHORT_CHARS long there (among such hits, score decides)."""
+    def _packing_key(self, hits, unit_scores):
+        """Per unit, the key hits are packed by (a unit that is not a hit keeps its score): a
+        hit's score less BUDGET_COST * the share of the budget its characters take (at most 1)
+        and less LENGTH_PENALTY * ln(characters), a hit shorter than SHORT_CHARS counted as
+        SHORT_CHARS long there (among such hits, score decides)."""
         chars = np.array([max(len(self.units[i].content), 1) for i in hits], dtype=np.float64)
         share = np.minimum(chars / OUT_CHAR_BUDGET, 1.0)
-        key = unit_scores[hits] - BUDGET_COST * share
-        key = key - LENGTH_PENALTY * np.log(np.maximum(chars, SHORT_CHARS))
-        packing = np.array(unit_scores, dtype=np.float64)
-        packing[hits] = key
-        return [hits[j] for j in np.argsort(-key, kind="stable")], packing
+        key = np.array(unit_scores, dtype=np.float64)
+        key[hits] = unit_scores[hits] - BUDGET_COST * share
+        key[hits] -= LENGTH_PENALTY * np.log(np.maximum(chars, SHORT_CHARS))
+        return key
 
     def _bm25(self, terms):
         """Each chunk's BM25 score for the query's terms (a term named twice counts twice; one
@@ -264,16 +264,16 @@ class Memory:
                 best[u] = c
         return best
 
-    def _mmr(self, hits, relevance_of):
+    def _mmr(self, hits, key):
         """The hits re-ordered by maximal marginal relevance: MMR_LAMBDA * relevance less
         (1 - MMR_LAMBDA) * the max cosine to a hit already chosen (first chunks), relevance
-        read from ``relevance_of`` (the packing key when a length cost is set, so diversity
-        adjusts the cost's order rather than undoing it)."""
+        read from ``key`` (the packing key when a length cost is set, so diversity adjusts the
+        cost's order rather than undoing it)."""
         first_chunk = {}
         for c, u in enumerate(self.chunk_unit):
             first_chunk.setdefault(u, c)
         vecs = self.vectors[[first_chunk[u] for u in hits]]
-        relevance = relevance_of[hits]
+        relevance = key[hits]
         chosen, rest = [0], list(range(1, len(hits)))
         max_sim = vecs @ vecs[0]
         while rest:
