@@ -24,10 +24,19 @@ is read later by a clean program's restore. So:
   whatever the program: such a memory is rebuilt each time rather than stored.
 - :func:`load_state` reads at most :data:`MAX_STATE_BYTES`, wants a dict with string keys, and
   turns every failure into one :class:`StateError` line (never a traceback of internals).
+
+:func:`state_digest` is the comparison of a state that cannot be stored: a sha256 over the same
+walk with nothing refused, functions and lambdas by their code, defaults, closure cells and
+attributes, bound methods by function and receiver, generators by position and locals, every
+other object by its pickle reduction (iterators and ``itertools`` objects reduce to their
+position). Two digests of one memory differ when anything reachable from its attributes
+changed in between (the smoke tier compares them around a retrieve, :mod:`sandbox.tiers`); a
+walk that still fails (an object with no reduction) gives None.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 import types
@@ -184,3 +193,65 @@ def load_state(cls: Any, data: bytes, program_namespace: dict[str, Any], backend
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj
+
+
+def _walked(*parts: Any) -> None:
+    """Stands for an object in a digest's pickle (never called: digests are not unpickled)."""
+
+
+class _HashSink:
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        return len(data)
+
+
+class _DigestPickler(pickle.Pickler):
+    """:class:`_StatePickler`'s walk with nothing refused: what pickle cannot store is walked."""
+
+    def __init__(self, file: _HashSink, program_module: str, backend: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._program_module = program_module
+        self._backend = backend
+
+    def persistent_id(self, obj: Any) -> Any:
+        if obj is self._backend:
+            return ("backend",)
+        if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType | np.ufunc):
+            return ("named", getattr(obj, "__module__", None), getattr(obj, "__qualname__", None),
+                    getattr(obj, "__name__", None))  # fmt: skip
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType) and obj is not _walked:
+            cells = tuple(_cell(c) for c in obj.__closure__ or ())
+            parts = (obj.__module__, obj.__qualname__, obj.__code__.co_code, obj.__defaults__,
+                     obj.__kwdefaults__, cells, obj.__dict__)  # fmt: skip
+            return _walked, parts
+        if isinstance(obj, types.MethodType):
+            return _walked, ("method", obj.__func__, obj.__self__)
+        if isinstance(obj, types.GeneratorType):
+            frame = obj.gi_frame
+            where = (frame.f_lasti, dict(frame.f_locals)) if frame is not None else None
+            return _walked, ("generator", obj.gi_code.co_qualname, where)
+        return NotImplemented
+
+
+def _cell(cell: types.CellType) -> Any:
+    try:
+        return ("cell", cell.cell_contents)
+    except ValueError:  # an empty cell
+        return ("cell",)
+
+
+def state_digest(obj: Any, program_module: str, backend: Any) -> str | None:
+    """sha256 of everything reachable from ``obj``'s attributes (see the module docstring), or
+    None when something on the way has no reduction."""
+    sink = _HashSink()
+    try:
+        _DigestPickler(sink, program_module, backend).dump(vars(obj))
+    except Exception:
+        return None
+    return sink.hash.hexdigest()

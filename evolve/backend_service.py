@@ -5,7 +5,12 @@ A candidate program reaches models only through its backend; inside the confined
 :class:`BackendService`, on the trusted side, answers it.
 
 Invariants:
-- ``embed`` takes a list of strings only, at most :data:`MAX_EMBED_TEXTS` per call.
+- The sandbox's tiers answer exactly as this does (:class:`sandbox.probe.ProbeBackend`, whose
+  limits and refusals are these), so a program cannot tell a check from an evaluation by them.
+- ``embed`` takes a list of strings only, at most :data:`MAX_EMBED_TEXTS` per call and no more
+  than an answer of :data:`MAX_REPLY_BYTES` holds (texts × the embedder's dimension × 4
+  bytes), checked before anything is embedded. The host's request is held to a tighter budget
+  before this is called (:class:`sandbox.budget.BackendBudget`); this side does not rely on it.
 - ``complete`` goes to the task LLM, counted under role ``task`` and purpose
   ``<call_prefix>/memory``, at most ``max_calls`` per host request (the host enforces the same
   budget; this side does not trust it to), each prompt a string of at most
@@ -22,9 +27,11 @@ from typing import Any
 from contract.types import BackendError
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
+from sandbox.probe import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, OFFLINE_COMPLETE
 from sandbox.wire import pack_array
 
-MAX_EMBED_TEXTS = 200_000
+__all__ = ["MAX_EMBED_TEXTS", "MAX_REPLY_BYTES", "BackendService"]
+
 MAX_PROMPT_CHARS = 128_000  # one backend.complete prompt (about 32k tokens)
 MAX_REPLY_TOKENS = 4096
 
@@ -48,13 +55,14 @@ class BackendService:
             texts = header.get("texts")
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise TypeError("backend.embed takes a list of strings")
-            if len(texts) > MAX_EMBED_TEXTS:
-                raise ValueError(f"backend.embed: at most {MAX_EMBED_TEXTS} texts per call")
+            most = min(MAX_EMBED_TEXTS, MAX_REPLY_BYTES // (4 * self.embedder.dim))
+            if len(texts) > most:
+                raise ValueError(f"backend.embed: at most {most} texts per call")
             meta, blob = pack_array(self.embedder.embed(texts))
             return {"array": meta}, [blob]
         if method == "complete":
             if self.llm is None:
-                raise BackendError("backend.complete: no task LLM is configured (offline mode)")
+                raise BackendError(OFFLINE_COMPLETE)
             if self.calls >= self.max_calls:
                 raise BackendError(f"backend.complete: budget of {self.max_calls} calls spent")
             prompt = header.get("prompt")

@@ -7,7 +7,9 @@ and LLM client here; the runtime (:mod:`evolve.runtime.api`) builds its own from
 
 Invariants:
 - A :class:`EvalSetup` is picklable (it crosses to worker processes and Ray nodes).
-- One embedder per process and kind: the model loads once per worker, lazily.
+- One embedder per process and kind: the model loads once per worker, lazily. The runtime
+  asks for one of each user's own instead (``own``, caches in the user's folder; the model's
+  weights stay one per process).
 - ``reuse=False`` gives the LLM client no response cache.
 - The task-LLM client shares the run's limit on requests in flight (``llm_concurrency``, one
   limit for every process of the run on the machine; :mod:`evolve.models.limiter`) and abandons
@@ -65,16 +67,22 @@ class EvalSetup:
 _EMBEDDERS: dict[tuple[str, str], Embedder] = {}
 
 
-def make_embedder(kind: str, cache_dir: str) -> Embedder:
-    """One embedder per process and kind (the model loads lazily, on the first cache miss)."""
+def make_embedder(kind: str, cache_dir: str, *, own: bool = False) -> Embedder:
+    """The embedder of ``kind``, MiniLM's disk cache ``<cache_dir>/embeddings.sqlite`` (the
+    hashing double has none): one per process, kind and folder (the model loads lazily, on the
+    first cache miss); ``own``: a new one, whose caches no other caller's texts reach (a
+    runtime user's, ``cache_dir`` that user's folder; the model's weights are still shared)."""
     key = (kind, cache_dir)
-    if key not in _EMBEDDERS:
+    if own or key not in _EMBEDDERS:
         if kind == "hashing":
-            _EMBEDDERS[key] = HashingEmbedder()
+            made: Embedder = HashingEmbedder()
         elif kind == "minilm":
-            _EMBEDDERS[key] = Embedder(cache_path=Path(cache_dir) / "embeddings.sqlite")
+            made = Embedder(cache_path=Path(cache_dir) / "embeddings.sqlite")
         else:
             raise ValueError(f"unknown embedder {kind!r} (use minilm or hashing)")
+        if own:
+            return made
+        _EMBEDDERS[key] = made
     return _EMBEDDERS[key]
 
 
@@ -97,12 +105,15 @@ def reset_endpoint(config: EvalSetup) -> None:
         shared_breaker(calls_log(config)).reset()
 
 
-def make_llm(config: EvalSetup) -> LLMClient | None:
+def make_llm(config: EvalSetup, cache_dir: str | None = None) -> LLMClient | None:
+    """The task model's client (None offline), its request cache
+    ``<cache_dir or config.cache_dir>/llm-cache.sqlite`` (none without ``config.reuse``); its
+    call log, limit on requests in flight and breaker are the run's (:func:`calls_log`)."""
     if config.task_model is None:
         return None
-    root = Path(config.cache_dir)
     log = calls_log(config)
-    cache = root / "llm-cache.sqlite" if config.reuse else None
+    folder = Path(cache_dir if cache_dir is not None else config.cache_dir)
+    cache = folder / "llm-cache.sqlite" if config.reuse else None
     models = Models(task=config.task_model)
     return llm_client(models, log_path=log, cache_path=cache, script=config.script,
                       concurrency=config.llm_concurrency, timeout=config.llm_timeout)  # fmt: skip

@@ -29,6 +29,10 @@ Invariants:
   never starts a second host.
 - Task-model outputs are validated once, here, against the schemas the host rendered from the
   program (:func:`contract.records.conform`); the host builds records from them unchecked.
+  What the host returns is checked again here before it is used or cached: units must conform
+  to the schema (a host that sends others broke the protocol and is gone), and text the
+  program wrote that may reach a terminal or log (a state's reason) passes
+  :func:`sandbox.printable.printable`.
 - No frame carries a whole history: the memory grows one ``add`` (one session) per frame, and
   its state travels in chunks of at most :data:`~sandbox.wire.STATE_CHUNK_BYTES` (the whole at
   most :data:`~contract.state.MAX_STATE_BYTES`).
@@ -46,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from contract.records import conform
+from contract.records import RecordError, conform
 from contract.spec import OUT_CHAR_BUDGET
 from contract.state import MAX_STATE_BYTES
 from contract.types import ContractError, Segment
@@ -56,6 +60,7 @@ from evolve.fanout import WallClock, ordered_map
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from sandbox.printable import printable
 from sandbox.static import imported_modules
 from sandbox.wire import STATE_CHUNK_BYTES
 
@@ -242,7 +247,15 @@ class Pipeline:
         """The program's units for ``segment``: ``records`` (None: the offline stand-ins, one
         unit per message) through its ``postprocess_units`` hook, as checked dicts."""
         units, _ = self.call("units", {"segment": asdict(segment), "records": records})
-        return list(units)
+        schema = self.schema("MemoryUnit")
+        if not isinstance(units, list):
+            raise self._broken(f"units answered with a {type(units).__name__}")
+        try:
+            for unit in units:
+                conform(schema, unit)
+        except RecordError as exc:
+            raise self._broken(f"a unit that does not conform ({exc})") from None
+        return units
 
     def extract(self, segment: Segment) -> list[dict[str, Any]]:
         """One session's units: the task model's records (offline: stand-ins), then the hook."""
@@ -276,7 +289,7 @@ class Pipeline:
             result, _ = self.call("dump")
             if not (isinstance(result, dict) and result.get("stored")):
                 why = result.get("reason") if isinstance(result, dict) else None
-                return StateDump(None, str(why or "the host sent no state")[:300])
+                return StateDump(None, printable(str(why or "the host sent no state"), 300))
             size = result.get("bytes")
             if type(size) is not int or not 0 < size <= MAX_STATE_BYTES:
                 raise self._broken(f"a state of {size!r} bytes")

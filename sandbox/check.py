@@ -3,15 +3,24 @@
 1. **source** — static analysis (:mod:`sandbox.static`), then the module loads inside a confined
    host and defines the required names;
 2. **schema** — dataclass field types and signatures (in the host);
-3. **smoke** — construct, index, index empty, retrieve, with a stub backend (in the host);
-4. **probe** — the complexity probe: the program runs in the host, the verdict is made here
-   from the kernel's CPU accounting of the host and the embeddings served to it
-   (:mod:`sandbox.probe`).
+3. **smoke** — open, index, index empty, retrieve (twice, and another query between), the
+   memory's state compared around the retrieves (:func:`sandbox.tiers.smoke_tier`);
+4. **probe** — the complexity probe: runs of a synthetic conversation at two sizes, the
+   verdict made here from the kernel's CPU accounting of the host and the embeddings served
+   to it (:mod:`sandbox.probe`).
+
+Tiers 3 and 4 send the host evaluation's own requests, and its backend requests are answered
+by :class:`sandbox.probe.ProbeBackend` with the shape of the evaluation the program is checked
+for (:class:`sandbox.probe.BackendShape`: the embedder's dimension, the task-LLM call budget;
+``check_program``'s ``backend``, by default evaluation's defaults). The backend's rows and the
+synthetic conversation are drawn afresh for each check from one seed the program never sees.
 
 Invariants: candidate code never runs in this process; a crash, hang or protocol breach of the
-host fails the tier it happened in with rule ``crash`` or ``timeout``. Each failure carries the
-tier, a rule id, the program line when known (from the host's error frame, never parsed out of
-its text), and one line of text written for a model to repair the program
+host fails the tier it happened in with rule ``crash`` or ``timeout``; a contract rule a
+request enforces in the host (rule ``contract``) fails tiers 3 and 4 with the tier's name as
+rule, as does a rule of the tier itself (:class:`sandbox.tiers.TierError`). Each failure
+carries the tier, a rule id, the program line when known (from the host's error frame, never
+parsed out of its text), and one line of text written for a model to repair the program
 (:meth:`CheckReport.repair_text`). A report that passed carries the :class:`CheckedProgram`
 (source, digest, component fingerprints), the only value evaluation takes: nothing needs to
 remember which sources passed, or read the file again.
@@ -27,11 +36,13 @@ from typing import Any
 from contract.program import source_digest
 from sandbox.fingerprint import fingerprints
 from sandbox.isolate import Host, HostFailure, HostTimeout, Limits, ProgramFailure
-from sandbox.probe import PROBE_DIM, ProbeBackend, ProbeFailure, judge
+from sandbox.probe import PROBE_UNITS, BackendShape, ProbeBackend, ProbeFailure, fresh_seed, judge
 from sandbox.static import check_source, imported_modules
+from sandbox.tiers import Conversation, TierError, probe_run, smoke_tier
 
 TIERS = ("source", "schema", "smoke", "probe")
 CHECK_LIMITS = Limits(cpu_seconds=120, memory_mb=4096, call_seconds=60.0)
+EVALUATION = BackendShape()  # evaluation's defaults: MiniLM's 384 dimensions, 8 task-LLM calls
 TIER_SECONDS = {"source": 30.0, "schema": 15.0, "smoke": 30.0, "probe": 90.0}
 
 
@@ -90,8 +101,11 @@ def check_program(
     path: str = "<candidate>",
     parent_source: str | None = None,
     limits: Limits = CHECK_LIMITS,
+    backend: BackendShape = EVALUATION,
 ) -> CheckReport:
-    """Run the four tiers on ``source`` and report; never raises for a bad program."""
+    """Run the four tiers on ``source`` and report; never raises for a bad program.
+    ``backend``: the backend the program will be evaluated with (embedding dimension, task-LLM
+    call budget), which tiers 3 and 4 give it too."""
     tiers: list[TierResult] = []
     start = time.perf_counter()
     findings = check_source(source, parent_source)
@@ -110,9 +124,10 @@ def check_program(
             )
         )
         return CheckReport(False, tiers)
-    probe_backend = ProbeBackend()
+    seed = fresh_seed()
+    served = ProbeBackend(backend.dim, seed)
     try:
-        host = Host(limits, serve=probe_backend.serve, imports=imported_modules(source))
+        host = Host(limits, serve=served.serve, imports=imported_modules(source))
     except HostFailure as exc:
         tiers.append(
             TierResult(
@@ -127,10 +142,14 @@ def check_program(
         )
         return CheckReport(False, tiers)
     with host:
-        steps = [
+
+        def smoke() -> tuple[Any, list[bytes]]:
+            return smoke_tier(host, backend, TIER_SECONDS["smoke"], seed), []
+
+        steps: list[tuple[str, str | Callable[[], tuple[Any, list[bytes]]], dict[str, Any]]] = [
             ("source", "load", {"source": source, "path": path}),
             ("schema", "schema", {}),
-            ("smoke", "smoke", {}),
+            ("smoke", smoke, {}),
         ]
         for number, (name, op, payload) in enumerate(steps, 1):
             if number > 1:
@@ -140,7 +159,7 @@ def check_program(
             if not result.passed:
                 break
         else:
-            tiers.append(_probe_tier(host, probe_backend))
+            tiers.append(_probe_tier(host, served, backend, seed))
         isolation = host.isolation
     if not (all(t.passed for t in tiers) and len(tiers) == len(TIERS)):
         return CheckReport(False, tiers, isolation)
@@ -148,18 +167,23 @@ def check_program(
     return CheckReport(True, tiers, isolation, program)
 
 
-def _probe_tier(host: Host, backend: ProbeBackend) -> TierResult:
-    """Tier 4: every run of the probe is a request, its CPU time read from outside the host."""
+def _probe_tier(
+    host: Host,
+    backend: ProbeBackend,
+    shape: BackendShape = EVALUATION,
+    seed: int | None = None,
+) -> TierResult:
+    """Tier 4: every run of the probe is evaluation's requests on a fresh memory, its CPU time
+    read from outside the host, its embeddings counted by ``backend``."""
     start = time.perf_counter()
     deadline = time.monotonic() + TIER_SECONDS["probe"]
+    conversation = Conversation.draw(PROBE_UNITS, fresh_seed() if seed is None else seed)
 
-    def run(units: int, batches: int) -> dict[str, float]:
-        before = host.cpu_seconds()
-        payload = {"units": units, "batches": batches, "dim": PROBE_DIM}
-        host.call("probe_run", payload, timeout=max(0.1, deadline - time.monotonic()))
-        return {"cpu_s": round(host.cpu_seconds() - before, 4), **backend.take()}
+    def run(units: int) -> dict[str, float]:
+        backend.take()
+        return {**probe_run(host, shape, conversation, units, deadline), **backend.take()}
 
-    return _run_tier(host, 4, "probe", lambda: (judge(run), []), {}, start)
+    return _run_tier(host, 4, "probe", lambda: (judge(run, len(conversation)), []), {}, start)
 
 
 def _run_tier(
@@ -178,9 +202,13 @@ def _run_tier(
     except ProbeFailure as exc:
         took = time.perf_counter() - start
         return TierResult(number, name, False, took, "probe", None, str(exc))
+    except TierError as exc:
+        took = time.perf_counter() - start
+        return TierResult(number, name, False, took, name, None, str(exc))
     except ProgramFailure as exc:
         took = time.perf_counter() - start
-        return TierResult(number, name, False, took, exc.rule, exc.line, str(exc))
+        rule = name if exc.rule == "contract" and number > 2 else exc.rule
+        return TierResult(number, name, False, took, rule, exc.line, str(exc))
     except HostFailure as exc:
         rule = "timeout" if isinstance(exc, HostTimeout) else "crash"
         return TierResult(number, name, False, time.perf_counter() - start, rule, None, str(exc))

@@ -3,17 +3,18 @@
 Started by :class:`sandbox.isolate.Host` as ``python -I -m sandbox.host '<limits json>'
 '<json list of the modules the program imports>'``.
 Before it reads any candidate code it confines itself, root or not (:mod:`sandbox.barrier`):
-new user (unless root), mount, network and PID namespaces with a reaper outside; resource
-limits (:func:`confine`); the libraries programs may use imported while the interpreter's files
-are still readable (:func:`warm_up`); a chroot into a capped tmpfs on its scratch directory,
-then a throwaway uid (root) or no capabilities (everyone else); no new processes or threads,
-Landlock and a seccomp filter. Where the kernel refuses a step the host reports what it got
-instead (the ``ready`` frame's ``isolation``); as root without namespaces it still chroots and
-becomes a throwaway uid. It also disarms process, network and file functions reachable
-through the allowed libraries, and serves requests over stdin/stdout frames. Candidate modules
-get restricted builtins (:func:`restricted_builtins`): no ``open``/``exec``/``eval``/
-``compile``, and an ``__import__`` that admits only the allow-listed modules of
-:mod:`sandbox.static`.
+new user (unless root), mount, network, PID and IPC namespaces, and in every mode a reaper
+outside that kills the host when the optimizer dies; resource limits (:func:`confine`); the
+libraries programs may use imported while the interpreter's files are still readable
+(:func:`warm_up`); a chroot into a capped tmpfs on its scratch directory, then a throwaway uid
+(root) or no capabilities (everyone else); no new processes or threads, Landlock, no dumps and
+a seccomp filter. Where the kernel refuses a step the host reports what it got instead (the
+``ready`` frame's ``isolation``); as root without namespaces it still chroots and becomes a
+throwaway uid, as an ordinary user it makes its scratch directory private. It also disarms
+process, network and file functions reachable through the allowed libraries, and serves
+requests over stdin/stdout frames. Candidate modules get restricted builtins
+(:func:`restricted_builtins`): no ``open``/``exec``/``eval``/``compile``, and an ``__import__``
+that admits only the allow-listed modules of :mod:`sandbox.static`.
 
 Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe_run`` (the sandbox tiers, see
 :mod:`sandbox.tiers` and :mod:`sandbox.probe`) and ``units``, ``query``, ``open``, ``add``,
@@ -164,7 +165,7 @@ def confine_process(
     Nothing but :mod:`sandbox.barrier` may be imported before it: the kernel refuses a new
     user namespace to a process that already runs threads, and numerical libraries start
     thread pools when imported."""
-    isolation = barrier.enter()  # forks: from here on this is the host, PID 1 of its namespace
+    isolation = barrier.enter()  # forks: from here on this is the host (PID 1 of its namespace)
     confine(limits)
     warm_up(on_demand)  # while the interpreter's files are still readable
     barrier.confine_files(isolation, limits["scratch_mb"], limits["scratch_files"])

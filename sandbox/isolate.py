@@ -11,10 +11,13 @@ secrets, models and caches stay on the optimizer's side.
 
 Invariants:
 - Every request has a wall-clock deadline; reading, writing and waiting all honour it, whatever
-  the descriptors' numbers (``poll``, never ``select``). When it passes, or the host breaks
-  the protocol, the whole process group is killed (SIGKILL) and :class:`HostFailure` says why
-  (:class:`HostTimeout` for the deadline). The optimizer never blocks forever and never
-  unpickles.
+  the descriptors' numbers (``poll``, never ``select``). The optimizer's end of the host's
+  input is non-blocking: a write never waits for room, it writes what fits and polls again, so
+  a host that stops reading (or reads a page at a time) holds no request, and no ``close``,
+  past its deadline; a request ends at most about :data:`GRACE_SECONDS` after its deadline
+  whatever the host does. When the deadline passes, or the host breaks the protocol, the whole
+  process group is killed (SIGKILL) and :class:`HostFailure` says why (:class:`HostTimeout`
+  for the deadline). The optimizer never blocks forever and never unpickles.
 - The deadline measures the program, not the optimizer: time spent answering the host's
   backend requests (embedding, LLM calls, which slow down on a busy machine) moves the
   deadline back by as much, up to :data:`BACKEND_EXTENSION` times the request's own timeout,
@@ -27,11 +30,24 @@ Invariants:
 - Every frame the host sends is bounded by its kind, which the frame declares in its length
   prefix (:mod:`sandbox.wire`), checked before any of it is read: an answer (``result``) by
   what its request can legitimately return (:data:`FRAME_BYTES`; 1 MiB for most requests, a
-  unit list at most the wire's JSON limit, a memory-state chunk
-  :data:`~sandbox.wire.STATE_CHUNK_BYTES` plus 1 MiB), an ``error`` by 1 MiB, a backend
-  request by :data:`BACKEND_FRAME_BYTES`; a header whose ``kind`` is not the declared one is
-  refused. Frames are read into buffers that grow only as bytes arrive: a forged frame cannot
-  make the optimizer allocate more than its kind's bound.
+  unit list 33 MiB, a memory-state chunk :data:`~sandbox.wire.STATE_CHUNK_BYTES` plus 1 MiB),
+  an ``error`` by 1 MiB, a backend request by :data:`BACKEND_FRAME_BYTES`; a header whose
+  ``kind`` is not the declared one is refused. Frames are read into buffers that grow only as
+  bytes arrive, and their JSON is decoded only when its items and nesting fit the bound
+  (:func:`sandbox.wire.json_cost`): a forged frame cannot make the optimizer allocate more than
+  a few times its kind's bound. A frame over its bounds is a protocol breach
+  (:class:`HostFailure` naming the bound).
+- Every backend request is held to the request's :class:`~sandbox.budget.BackendBudget`
+  before the ``serve`` callback sees it (texts and characters to embed per call and in all,
+  prompt characters per completion and in all), and the answer to the host to
+  ``reply_bytes``. By default (:meth:`~sandbox.budget.BackendBudget.for_request`) the budget
+  grows with ``embed_chars``, the request's own data volume; a caller may pass its own. A
+  request over it gets an error answer, which the program sees as a
+  :class:`~contract.types.BackendError` naming the budget; the host lives on.
+- Host text that enters the optimizer (an error frame's message and exception class, the
+  stderr tail, the content of a malformed ``ready`` frame) passes through
+  :func:`sandbox.printable.printable`: no message of this module carries a terminal control
+  character the program wrote.
 - :meth:`Host.cpu_seconds` is the kernel's CPU accounting of the host's processes, read from
   ``/proc`` on the optimizer's side: nothing the program does inside can change it.
 - The host's stderr is kept up to :attr:`Limits.stderr_bytes`; the rest is discarded.
@@ -55,8 +71,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sandbox import barrier
+from sandbox.budget import OVER_BUDGET, BackendBudget
+from sandbox.printable import printable
 from sandbox.surface import LOADED_ON_DEMAND
-from sandbox.wire import MAX_JSON_BYTES, STATE_CHUNK_BYTES, WireError, encode_frame, read_frame
+from sandbox.wire import STATE_CHUNK_BYTES, WireError, encode_frame, read_frame
 
 Serve = Callable[[dict[str, Any], list[bytes]], tuple[dict[str, Any], list[bytes]]]
 
@@ -100,8 +118,8 @@ class ProgramFailure(Exception):
         """From an ``error`` frame; fields of the wrong type (a hostile host) are dropped."""
         line, rule = header.get("line"), header.get("rule")
         return cls(
-            str(header.get("error"))[:2000],
-            str(header.get("type")),
+            printable(header.get("error")),
+            printable(header.get("type"), 100),
             line if isinstance(line, int) and not isinstance(line, bool) else None,
             rule if rule in PROGRAM_RULES else "exception",
         )
@@ -111,13 +129,16 @@ PROGRAM_RULES = ("contract", "exception", "smoke", "probe")  # the rules an erro
 
 
 BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this × its timeout
+GRACE_SECONDS = 2.0  # the most a request may outlast its deadline (killing, reaping the host)
 
 _MIB = 1 << 20
 # The most a host's answer to each request may carry (JSON and blobs together); others: 1 MiB.
 # A memory's state crosses in chunks (sandbox.wire.STATE_CHUNK_BYTES), one per answer.
-FRAME_BYTES = {"units": MAX_JSON_BYTES + _MIB, "state_chunk": STATE_CHUNK_BYTES + _MIB}
+FRAME_BYTES = {"units": 33 * _MIB, "state_chunk": STATE_CHUNK_BYTES + _MIB}
 SMALL_FRAME_BYTES = _MIB
-BACKEND_FRAME_BYTES = 64 * _MIB  # a backend request: texts to embed, a prompt
+BACKEND_FRAME_BYTES = 16 * _MIB  # a backend request: texts to embed (BackendBudget), a prompt
+_WRITE_BYTES = _MIB  # the most one write to the host's pipe offers
+
 
 _SIGNALS = {
     signal.SIGXCPU: "CPU time limit exceeded",
@@ -127,15 +148,34 @@ _SIGNALS = {
 }
 
 
-def _embed_chars(header: dict[str, Any]) -> int:
-    """The characters a backend ``embed`` request asks to embed (0 for anything else)."""
-    texts = header.get("texts") if header.get("method") == "embed" else None
-    if not isinstance(texts, list):
-        return 0
-    return sum(len(t) for t in texts if isinstance(t, str))
-
-
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def remove_tree(root: str) -> None:
+    """Remove a dead host's scratch directory, folders it made unreadable or unwritable for
+    its own uid (``mkdir(name, 0o300)``) included: each is given mode 0700 and removed again."""
+
+    def unlock(_function: Any, failed: str, _exc: Any) -> None:
+        for folder in (os.path.dirname(failed), failed):
+            if os.path.isdir(folder) and not os.path.islink(folder):
+                try:
+                    os.chmod(folder, 0o700)
+                except OSError:
+                    pass
+        if os.path.isdir(failed) and not os.path.islink(failed) and failed != root:
+            remove_tree(failed)
+        else:
+            try:
+                os.unlink(failed)
+            except OSError:
+                pass
+
+    try:
+        if os.path.isdir(root) and not os.path.islink(root):
+            os.chmod(root, 0o700)
+        shutil.rmtree(root, onerror=unlock)
+    except (OSError, RecursionError):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _cpu_of(pid: int) -> float:
@@ -188,6 +228,8 @@ class Host:
             start_new_session=True,
             close_fds=True,
         )
+        if self.proc.stdin is not None:  # writes take what fits and never wait (_send)
+            os.set_blocking(self.proc.stdin.fileno(), False)
         self._stderr = bytearray()
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_thread.start()
@@ -195,7 +237,7 @@ class Host:
         header, _ = self._receive(time.monotonic() + self.limits.start_seconds)
         if header.get("kind") != "ready":
             self.kill()
-            raise HostFailure(f"host did not start: {header.get('error', header)}")
+            raise HostFailure(f"host did not start: {printable(header.get('error', header), 300)}")
         self.isolation = dict(header.get("isolation") or {})
         if barrier.strict() and not barrier.complete(self.isolation):
             self.kill()
@@ -211,12 +253,16 @@ class Host:
         *,
         timeout: float | None = None,
         embed_chars: int = 0,
+        budget: BackendBudget | None = None,
     ) -> tuple[Any, list[bytes]]:
         """Send one request; serve the host's backend requests until its answer arrives
-        (``embed_chars``: the volume of embedding whose time moves the deadline in full)."""
+        (``embed_chars``: the volume of embedding whose time moves the deadline in full;
+        ``budget``: what its backend requests may ask, by default
+        :meth:`~sandbox.budget.BackendBudget.for_request` of ``embed_chars``)."""
         allowed = timeout or self.limits.call_seconds
+        budget = budget or BackendBudget.for_request(embed_chars)
         try:
-            return self._call(op, payload, blobs, allowed, embed_chars)
+            return self._call(op, payload, blobs, allowed, embed_chars, budget)
         except HostTimeout:  # say which request, and what it was allowed
             raise HostTimeout(f"{op} timed out after {allowed:.3g} s of the program's time "
                               "(wall clock); the host was killed") from None  # fmt: skip
@@ -228,12 +274,14 @@ class Host:
         blobs: list[bytes] | None,
         allowed: float,
         embed_chars: int,
+        budget: BackendBudget,
     ) -> tuple[Any, list[bytes]]:
         deadline = time.monotonic() + allowed
         extension = allowed * BACKEND_EXTENSION  # backend time the deadline may still absorb
         self._send(encode_frame({"op": op, **(payload or {})}, blobs), deadline)
         bounds = {"result": FRAME_BYTES.get(op, SMALL_FRAME_BYTES), "error": SMALL_FRAME_BYTES,
                   "backend": BACKEND_FRAME_BYTES}  # fmt: skip
+        spent = {"texts": 0, "chars": 0, "prompts": 0}  # by this request's backend requests
         while True:
             header, got = self._receive(deadline, bounds)
             kind = header.get("kind")
@@ -242,32 +290,56 @@ class Host:
             if kind == "error":
                 raise ProgramFailure.from_frame(header)
             if kind == "backend" and self.serve is not None:
-                began = time.monotonic()
-                try:
-                    answer, answer_blobs = self.serve(header, got)
-                except Exception as exc:  # the optimizer's side failed: tell the program
-                    answer, answer_blobs = {"error": f"{type(exc).__name__}: {exc}"}, []
-                spent = time.monotonic() - began
-                chars = _embed_chars(header)
+                began, chars = time.monotonic(), spent["chars"]
+                refused = budget.refusal(header, spent)
+                chars = spent["chars"] - chars  # what this one embeds, when within the budget
+                answer_blobs: list[bytes] = []
+                if refused:
+                    answer = {"error": refused}
+                else:
+                    answer, answer_blobs = self._serve(header, got, budget.reply_bytes)
+                took = time.monotonic() - began
                 if 0 < chars <= embed_chars:  # the request's own data: its time in full
                     embed_chars -= chars
                 else:
-                    spent = min(spent, extension)
-                    extension -= spent
-                deadline += spent
+                    took = min(took, extension)
+                    extension -= took
+                deadline += took
                 self._send(encode_frame(answer, answer_blobs), deadline)
+                del header, got, answer, answer_blobs  # not held while the next frame is read
                 continue
             self.kill()
-            raise HostFailure(f"host broke the protocol (unexpected frame {kind!r})")
+            raise HostFailure(f"host broke the protocol (unexpected frame {printable(kind, 40)})")
+
+    def _serve(
+        self, header: dict[str, Any], blobs: list[bytes], most: int
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """The ``serve`` callback's answer to a backend request within the budget, or an error
+        answer: when the callback failed, or its answer would carry over ``most`` bytes."""
+        assert self.serve is not None
+        try:
+            answer, answer_blobs = self.serve(header, blobs)
+        except Exception as exc:  # the optimizer's side failed: tell the program
+            return {"error": printable(f"{type(exc).__name__}: {exc}")}, []
+        size = sum(len(b) for b in answer_blobs)
+        if size > most:
+            return {
+                "error": f"backend {OVER_BUDGET}: an answer of {size:,} bytes; at most {most:,}"
+            }, []
+        return answer, answer_blobs
 
     def _send(self, data: bytes, deadline: float) -> None:
+        """Write ``data`` to the host by the deadline: poll for room, write what fits (the
+        descriptor is non-blocking), again until all is written."""
         fd = self.proc.stdin.fileno() if self.proc.stdin else -1
         view = memoryview(data)
         while view:
             self._ready(fd, select.POLLOUT, deadline)
             try:
-                view = view[os.write(fd, view[: 1 << 16]) :]
-            except (BrokenPipeError, OSError):
+                view = view[os.write(fd, view[:_WRITE_BYTES]) :]
+            except BlockingIOError:  # no room after all: poll again
+                continue
+            except OSError:  # EPIPE: the host is gone
                 raise self._died() from None
 
     def _receive(
@@ -291,7 +363,7 @@ class Host:
             return read_frame(recv, bounds=bounds or {"ready": SMALL_FRAME_BYTES})
         except WireError as exc:
             self.kill()
-            raise HostFailure(f"host broke the protocol: {exc}") from None
+            raise HostFailure(f"host broke the protocol: {printable(str(exc), 300)}") from None
 
     def _ready(self, fd: int, event: int, deadline: float) -> None:
         """Wait until ``fd`` is ready for ``event`` (or its peer hung up, which the read or
@@ -313,13 +385,21 @@ class Host:
         raise HostTimeout("timed out (wall clock); the host was killed")
 
     def _died(self) -> HostFailure:
-        code = self.proc.wait(timeout=5)
+        """The host closed its end of a pipe: why (it exited, or was killed by a signal, and
+        the last line it wrote to stderr), waiting at most :data:`GRACE_SECONDS` for it."""
+        try:
+            code: int | None = self.proc.wait(timeout=GRACE_SECONDS / 2)
+        except subprocess.TimeoutExpired:  # it closed its pipes and lives on
+            code = None
+        self.kill()
+        self._stderr_thread.join(timeout=GRACE_SECONDS / 4)  # the last of its stderr
         tail = self.stderr_tail()
-        if code < 0:
+        if code is None:
+            reason = "closed its pipe to the optimizer"
+        elif code < 0:
             reason = _SIGNALS.get(signal.Signals(-code), f"killed by signal {-code}")
         else:
             reason = f"exited with status {code}"
-        self.kill()
         return HostFailure(reason + (f": {tail}" if tail else ""))
 
     def cpu_seconds(self) -> float:
@@ -346,8 +426,9 @@ class Host:
                 self._stderr += chunk[:room]
 
     def stderr_tail(self, n: int = 300) -> str:
+        """The last line the host wrote to stderr, its last ``n`` characters, printable."""
         text = bytes(self._stderr).decode(errors="replace").strip().splitlines()
-        return (text[-1] if text else "")[-n:]
+        return printable((text[-1] if text else "")[-n:], n)
 
     def kill(self) -> None:
         """Kill the whole process group, reap it and remove the scratch directory."""
@@ -366,13 +447,15 @@ class Host:
                     stream.close()
                 except OSError:
                     pass
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_tree(self.scratch)
 
     def close(self) -> None:
+        """Ask the host to exit, kill it if it has not within :data:`GRACE_SECONDS`."""
         if self.proc.poll() is None:
+            deadline = time.monotonic() + GRACE_SECONDS
             try:
-                self._send(encode_frame({"op": "exit"}), time.monotonic() + 2)
-                self.proc.wait(timeout=2)
+                self._send(encode_frame({"op": "exit"}), deadline)
+                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except (HostFailure, subprocess.TimeoutExpired):
                 pass
         self.kill()

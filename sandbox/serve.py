@@ -7,19 +7,32 @@ the restricted pickle of :mod:`contract.state` (unpickled only here, never by th
 in chunks of at most :data:`~sandbox.wire.STATE_CHUNK_BYTES` (``dump`` then ``state_chunk``
 out, ``state_part`` then ``restore`` in), so no frame carries a whole history.
 
+The rules a request enforces on the program's answers raise :class:`RuleError` (a
+:class:`~contract.types.ContractError`, rule ``contract``): ``index`` returns None, ``retrieve``
+an exact ``str`` (a subclass could lie about its length), and the backend is left as it was
+given (class, methods, attributes; ``calls``, the host's own counter, aside) by ``Memory()``,
+``index`` and ``retrieve``. Opening or restoring a memory lets the previous one go; opening
+also collects its garbage before the program runs again (a probe run's CPU time starts
+clean), restoring does not (evaluation may restore a memory for every question).
+
 Records are checked once: what the optimizer hands over (task-LLM records it validated, units
 and queries this host returned earlier) is built into the program's classes without being
 checked again (:func:`_handed`); what the program's hooks return is checked here, against the
 schema, before it crosses back (:func:`_record_dict`).
 
-Backends given to ``Memory``: :class:`RemoteBackend` forwards ``embed``/``complete`` to the
-optimizer as ``backend`` frames (evaluation); :class:`sandbox.tiers.StubBackend` answers
-locally (tier 3, no task-LLM call). The probe (tier 4) gets a :class:`RemoteBackend` too: the
-optimizer serves and counts its embeddings (:mod:`sandbox.probe`).
+The backend given to ``Memory`` is always a :class:`RemoteBackend`, which forwards
+``embed``/``complete`` to the optimizer as ``backend`` frames. There are no requests of the
+sandbox tiers here: tiers 3 and 4 drive a program through these same requests
+(:mod:`sandbox.tiers`), with the optimizer answering the backend (:mod:`sandbox.probe`), so a
+program meets the same code, backend and call path in a check as in an evaluation, and every
+verdict is made on the optimizer's side. When a memory's state cannot be stored, ``dump`` says
+why and, asked to, gives :func:`contract.state.state_digest` of it instead, which the smoke
+tier compares around a retrieve.
 """
 
 from __future__ import annotations
 
+import gc
 import traceback
 import typing
 from collections.abc import Callable, Sequence
@@ -31,10 +44,13 @@ import numpy as np
 from contract.program import LoadedProgram, check_shapes, load_program, offline_units
 from contract.records import build_record, json_schema, validate_record
 from contract.spec import INSTRUCTIONS, OUT_CHAR_BUDGET
-from contract.state import MAX_STATE_BYTES, dump_state, load_state
+from contract.state import MAX_STATE_BYTES, dump_state, load_state, state_digest
 from contract.types import BackendError, ContractError, Message, Segment
-from sandbox.tiers import TierError, probe_run, smoke_tier
 from sandbox.wire import STATE_CHUNK_BYTES, encode_frame, read_frame, unpack_array
+
+
+class RuleError(ContractError):
+    """The program broke a rule a request enforces on its answers (see the module docstring)."""
 
 
 class RemoteBackend:
@@ -63,6 +79,13 @@ class RemoteBackend:
         return str(header["text"])
 
 
+def _backend_state(backend: RemoteBackend) -> tuple[Any, ...]:
+    """What a program must leave alone: the backend's class, methods and attributes."""
+    cls = type(backend)
+    settings = sorted((k, v) for k, v in vars(backend).items() if k != "calls")
+    return (cls, cls.embed, cls.complete, settings)
+
+
 def segment_from(data: dict[str, Any]) -> Segment:
     messages = tuple(
         Message(str(m["id"]), str(m["role"]), str(m["content"])) for m in data["messages"]
@@ -78,6 +101,7 @@ class Server:
         self.program: LoadedProgram | None = None
         self.memory: Any = None
         self.backend: RemoteBackend | None = None
+        self._given: tuple[Any, ...] = ()  # the backend's state as it was given
         self._outgoing = b""  # the state being dumped, until its last chunk is sent
         self._incoming = bytearray()  # the parts of a state to restore
 
@@ -136,14 +160,6 @@ class Server:
             "Query": json_schema(program.query, ns),
         }, []
 
-    def op_smoke(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        return smoke_tier(self._program()), []
-
-    def op_probe_run(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
-        backend = RemoteBackend(self, int(req["dim"]), 0)
-        probe_run(self._program(), backend, int(req["units"]), int(req["batches"]))
-        return None, []
-
     # -- evaluation steps --------------------------------------------------------------------
 
     def op_units(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
@@ -174,12 +190,26 @@ class Server:
             query = hook(query, question)
         return _record_dict(query, cls, ns), []
 
+    def _new_backend(self, req: dict[str, Any], collect: bool = False) -> RemoteBackend:
+        """A fresh backend for a new memory, the previous memory let go (and with ``collect``,
+        its garbage collected)."""
+        self.memory = self.backend = None
+        if collect:
+            gc.collect()
+        self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
+        self._given = _backend_state(self.backend)
+        return self.backend
+
+    def _check_backend(self) -> None:
+        if self.backend is None or _backend_state(self.backend) != self._given:
+            raise RuleError("Memory modified the backend it was given; treat it as read-only")
+
     def op_open(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """A new, empty memory: it grows one session at a time (:meth:`op_add`)."""
         program = self._program()
         self._outgoing, self._incoming = b"", bytearray()
-        self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
-        self.memory = program.get("Memory")(self.backend)
+        self.memory = program.get("Memory")(self._new_backend(req, collect=True))
+        self._check_backend()
         return None, []
 
     def op_add(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
@@ -190,23 +220,31 @@ class Server:
         self.backend.calls = 0
         units = [_handed(cls, r) for r in req["units"]]
         if self.memory.index(units, segment_from(req["segment"])) is not None:
-            raise TypeError("Memory.index must return None")
+            raise RuleError("Memory.index must return None")
+        self._check_backend()
         return None, []
 
     def op_dump(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """The live memory's state, when it can be stored (:mod:`contract.state`): its size
-        here, its bytes through :meth:`op_state_chunk`, chunk after chunk."""
+        here, its bytes through :meth:`op_state_chunk`, chunk after chunk; otherwise the reason,
+        and with ``digest`` asked for, the state's digest (None when even that walk fails)."""
         if self.memory is None or self.backend is None:
             raise RuntimeError("no memory opened")
         self._outgoing = b""
+        module = self._program().module.__name__
         try:
-            state = dump_state(self.memory, self._program().module.__name__, self.backend)
+            state = dump_state(self.memory, module, self.backend)
         except Exception as exc:  # not storable: the optimizer will rebuild it next time
-            return {"stored": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, []
-        if not state or len(state) > MAX_STATE_BYTES:
-            return {"stored": False, "reason": f"a state of {len(state)} bytes"}, []
-        self._outgoing = state
-        return {"stored": True, "bytes": len(state)}, []
+            reason = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            if state and len(state) <= MAX_STATE_BYTES:
+                self._outgoing = state
+                return {"stored": True, "bytes": len(state)}, []
+            reason = f"a state of {len(state)} bytes"
+        if not req.get("digest"):
+            return {"stored": False, "reason": reason}, []
+        digest = state_digest(self.memory, module, self.backend)
+        return {"stored": False, "reason": reason, "digest": digest}, []
 
     def op_state_chunk(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
         """The bytes of the last dumped state from ``offset``, at most STATE_CHUNK_BYTES; the
@@ -233,8 +271,8 @@ class Server:
         """The memory restored from the parts sent since the last restore or open."""
         program = self._program()
         data, self._incoming = bytes(self._incoming), bytearray()
-        self.backend = RemoteBackend(self, int(req["dim"]), int(req["max_complete_calls"]))
-        self.memory = load_state(program.get("Memory"), data, vars(program.module), self.backend)
+        backend = self._new_backend(req)
+        self.memory = load_state(program.get("Memory"), data, vars(program.module), backend)
         return None, []
 
     def op_retrieve(self, req: dict[str, Any], _: list[bytes]) -> tuple[Any, list[bytes]]:
@@ -244,7 +282,8 @@ class Server:
         self.backend.calls = 0
         text = self.memory.retrieve(_handed(program.query, req["query"]))
         if type(text) is not str:  # a subclass could lie about its length
-            raise TypeError(f"Memory.retrieve must return str, got {type(text).__name__}")
+            raise RuleError(f"Memory.retrieve must return str, got {type(text).__name__}")
+        self._check_backend()
         return {"text": text[:OUT_CHAR_BUDGET], "raw_chars": len(text)}, []
 
 
@@ -256,13 +295,13 @@ def _handed(cls: type, record: dict[str, Any]) -> Any:
 def error_frame(exc: BaseException, path: str, op: str) -> dict[str, Any]:
     """What the optimizer learns of a failed request: the exception's class, one line for a
     model to act on, the program line it came from (None when no frame of ``path`` raised) and
-    the rule: ``contract``, ``op`` (the tier) for a tier rule, ``exception`` otherwise."""
+    the rule: ``contract`` for a contract rule (:class:`RuleError` included), ``exception``
+    otherwise."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
     line = frames[-1].lineno if frames else None
     where = f" (line {line}: {frames[-1].line})" if frames else ""
     text = f"{type(exc).__name__}: {exc}{where}".replace("\n", " ")[:1000]
     rule = "contract" if isinstance(exc, ContractError) else "exception"
-    rule = op if isinstance(exc, TierError) else rule
     return {"type": type(exc).__name__, "error": text, "line": line, "rule": rule}
 
 

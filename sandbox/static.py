@@ -21,8 +21,10 @@ Rejected, and why:
 - :data:`FORBIDDEN_NAMES` (builtins that run code, do I/O or open scopes) and dunder names but
   ``__name__``, ``__slots__``, ``__all__``.
 - Attribute escape hatches: dunders but ``__init__``/``__post_init__`` (for ``super()``) and
-  ``__name__``; underscore attributes except on ``self``/``cls`` (allowed modules hide ``os``
-  and code runners there: ``random._os``, ``dataclasses._create_fn``); and
+  ``__name__``; underscore attributes except on a method's own ``self``/``cls``, the Names
+  :func:`sandbox.objects.object_model` returns (allowed modules hide ``os`` and code runners
+  there: ``random._os``, ``dataclasses._create_fn``), which may not be rebound, by an
+  assignment, a pattern or an ``import ... as self`` either; and
   :data:`FORBIDDEN_ATTRIBUTES` (file loaders/savers, frames, code objects, module handles such
   as ``enum.bltns``). Load/save/dump are allowed on ``json`` when only ``import json`` binds
   it: they work on strings, and nothing here can open a file. A module bound by ``import`` is
@@ -35,19 +37,22 @@ Rejected, and why:
   (nothing evaluates them: :mod:`contract.records` resolves field types without ``eval``);
   strings in them are also checked as code, and names assigned a value anywhere
   (``X = "code"; field: X``) may not appear in them.
-- The object-model routes of :mod:`sandbox.objects`: dunder methods outside an allow-list,
-  methods taken from a class rather than an instance (``Cls.method(obj)`` smuggles ``obj`` in
-  as ``self``), classes used as values, ``functools.wraps`` with name lists, functional
-  ``Enum``. A ``@staticmethod``'s first parameter gets no private access, whatever its name.
+- The object-model routes of :mod:`sandbox.objects`, which keep a method's ``self`` an
+  instance of its class: dunder methods outside an allow-list, methods reached other than
+  through an instance (``Cls.method(obj)``, in the class body, through ``super()`` in a
+  classmethod), classes used as values (aliases, returns, comparisons, generic aliases, class
+  decorators, metaclasses, dataclass field annotations), ``super`` other than as
+  ``super().attr`` in a method, ``functools.wraps`` with name lists, functional ``Enum``.
 - Library entry points that open paths, run test runners, import modules or get attributes by
   a name given as data, as a fresh survey of the allowed modules finds them
   (``tests/surface_survey.py``; ``tests/test_escapes.py`` checks each is refused here or listed
   in :data:`REVIEWED_MEMBERS` with the reason it is harmless): by attribute name
-  (:data:`FORBIDDEN_ATTRIBUTES`: ``test``, ``update_wrapper``, ``add_newdoc``, ``tqdm``, ...;
-  ``info`` only on a method's own ``self``, :data:`SELF_ONLY_ATTRIBUTES`), and submodules with
-  such a name part (``numpy.testing``, ``numpy.conftest``, ``json.tool``).
+  (:data:`FORBIDDEN_ATTRIBUTES`: ``test``, ``update_wrapper``, ``add_newdoc``, ``tqdm``,
+  ``default_factory``, ...; ``info`` and ``registry`` only on a method's own ``self``,
+  :data:`SELF_ONLY_ATTRIBUTES`), and submodules with such a name part (``numpy.testing``,
+  ``numpy.conftest``, ``json.tool``).
 - Classes made at run time (3-argument ``type``, ``make_dataclass``, functional ``NamedTuple``
-  or ``TypedDict``) and computed bases or metaclasses.
+  or ``TypedDict``; metaclass calls and computed bases are :mod:`sandbox.objects`').
 - Names, attributes or strings naming the evaluation side (``evolve``, ``sandbox``, scorers,
   splits, rubrics, gold labels, evidence ids, benchmark question files, the run store): a
   program uses only what its ``Memory`` is given, never labels, scorers or earlier results.
@@ -73,7 +78,7 @@ from string import Formatter
 from contract.parsing import parse
 from contract.spec import DATACLASSES, INSTRUCTIONS, MEMORY, REQUIRED_NAMES
 from sandbox.annotations import annotation_shape, shown
-from sandbox.objects import object_model_issues
+from sandbox.objects import object_model
 from sandbox.readonly import retrieve_mutations
 from sandbox.statefulness import import_time_mutations, root_of, runtime_state_issues
 from sandbox.surface import (
@@ -111,10 +116,6 @@ class Finding:
     line: int | None
 
 
-_SELF_DECORATORS = frozenset(
-    {"property", "classmethod", "cached_property", "functools.cached_property"}
-)
-_ACCESSOR = re.compile(r"\w+\.(setter|getter|deleter)")
 _DUNDER = re.compile(r"__\w+__")
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)
 
@@ -123,6 +124,11 @@ _NAME_HINTS |= dict.fromkeys(("getattr", "setattr", "delattr"), "use obj.field o
 _NAME_HINTS |= dict.fromkeys(("exec", "eval", "compile"), "write the code (re.compile is fine)")
 _NAME_HINT = "it runs code, does I/O or exposes interpreter internals; remove it"
 _ATTR_HINT = "it gives file, process, introspection or code-execution access; remove it"
+_ATTR_HINTS = {  # attributes refused for another reason than _ATTR_HINT's
+    "default_factory": "it hands back the class a field was given; call the factory you named",
+    "registry": "it hands back the classes registered by annotation; keep your own dict",
+    "info": "a library helper of that name imports or opens by name; use another name",
+}
 _SAVE_HINT = "programs may not load or save files; keep data in Memory (json.loads/dumps is fine)"
 _EVAL_HINT = "programs may not touch the evaluator, labels, splits or run store; remove it"
 
@@ -166,10 +172,11 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         fix = "a patched candidate must differ from its parent; make the intended change"
         findings.append(Finding("unchanged", _say(problem, None, fix), None))
     findings += _missing_definitions(tree)
-    state = import_time_mutations(tree) + runtime_state_issues(tree) + object_model_issues(tree)
+    objects, selves = object_model(tree)
+    state = import_time_mutations(tree) + runtime_state_issues(tree) + objects
     state += retrieve_mutations(tree)
     findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
-    findings += _Checker(tree).run()
+    findings += _Checker(tree, selves).run()
     return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
 
 
@@ -209,6 +216,8 @@ def _bindings(tree: ast.AST) -> Iterator[tuple[str, ast.AST]]:
             yield node.asname or node.name.split(".")[0], node
         elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
             yield node.name, node
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            yield node.rest, node
 
 
 def _format_lookup(template: str, depth: int = 0) -> str | None:
@@ -244,41 +253,10 @@ def _assigned_names(nodes: list[ast.AST]) -> set[str]:
     return names | {n.name for n in nodes if isinstance(n, ast.MatchAs | ast.MatchStar) and n.name}
 
 
-def _method_self_references(tree: ast.Module) -> set[int]:
-    """Ids of the Names that refer to a method's first parameter (its own self or cls).
-
-    Only functions defined directly in a class body, undecorated or decorated only with
-    :data:`_SELF_DECORATORS` or a property accessor, are methods; a plain function or a
-    ``@staticmethod`` whose parameter happens to be called ``self`` gets no private access.
-    Nested functions and lambdas that take a parameter of the same name shadow it.
-    """
-    out: set[int] = set()
-    functions = ast.FunctionDef | ast.AsyncFunctionDef
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        for method in (m for m in cls.body if isinstance(m, functions)):
-            decorators = [ast.unparse(d) for d in method.decorator_list]
-            if not all(d in _SELF_DECORATORS or _ACCESSOR.fullmatch(d) for d in decorators):
-                continue  # a staticmethod's first parameter, or a decorator's, is any object
-            params = [*method.args.posonlyargs, *method.args.args]
-            if not params or params[0].arg not in ("self", "cls"):
-                continue
-            name, todo = params[0].arg, list[ast.AST](method.body)
-            while todo:
-                node = todo.pop()
-                if isinstance(node, functions | ast.Lambda | ast.ClassDef):
-                    args = [] if isinstance(node, ast.ClassDef) else node.args.args
-                    if isinstance(node, ast.ClassDef) or any(a.arg == name for a in args):
-                        continue
-                if isinstance(node, ast.Name) and node.id == name:
-                    out.add(id(node))
-                todo.extend(ast.iter_child_nodes(node))
-    return out
-
-
 class _Checker:
     """One pass over a parsed program; :meth:`run` returns its findings, unsorted."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, method_selves: set[int]) -> None:
         self.tree = tree
         self.findings: list[Finding] = []
         self.receivers: set[int] = set()  # ids of Names used as 'name.attribute'
@@ -294,7 +272,7 @@ class _Checker:
             alias.asname or alias.name
             for node in nodes if isinstance(node, ast.ImportFrom) for alias in node.names
         }  # fmt: skip
-        self.method_selves = _method_self_references(tree)
+        self.method_selves = method_selves  # Names that are a method's own self or cls
         self.assigned = _assigned_names(nodes)
         json_binders = [node for name, node in _bindings(tree) if name == "json"]
         self.json_is_module = "json" not in self.assigned and all(
@@ -305,6 +283,8 @@ class _Checker:
         for name, node in _bindings(self.tree):
             if not isinstance(node, ast.alias):  # imported names are checked with the import
                 self._name(name, node, binding=True)
+            elif name in ("self", "cls"):  # 'import numpy.lib as self'
+                self._rebound_self(name, node)
         self._dispatch(ast.walk(self.tree))
         return self.findings
 
@@ -360,16 +340,14 @@ class _Checker:
     def _Name(self, node: ast.Name) -> None:
         self._name(node.id, node, binding=False)
         if node.id in ("self", "cls") and isinstance(node.ctx, ast.Store | ast.Del):
-            fix = "self and cls must keep naming the method's own object; use another name"
-            self._add("rebind-self", node, f"'{node.id}' is rebound", fix)
+            self._rebound_self(node.id, node)
         if node.id in self.modules and id(node) not in self.receivers:
             fix = f"use the module only as '{node.id}.attribute'; do not assign, pass or rebind it"
             self._add("module-value", node, f"module '{node.id}' is used as a value", fix)
 
     def _name(self, name: str, node: ast.AST, binding: bool) -> None:
         if binding and name in ("self", "cls") and not isinstance(node, ast.arg):
-            fix = "self and cls must keep naming the method's own object; use another name"
-            self._add("rebind-self", node, f"'{name}' is rebound", fix)
+            self._rebound_self(name, node)
         if name in EVALUATION_NAMES:
             self._add("evaluation-access", node, f"'{name}' names evaluation-side code", _EVAL_HINT)
         elif name in FORBIDDEN_NAMES or (
@@ -377,6 +355,10 @@ class _Checker:
         ):
             fix = _NAME_HINTS.get(name, _NAME_HINT)
             self._add("forbidden-name", node, f"name '{name}' is not allowed", fix)
+
+    def _rebound_self(self, name: str, node: ast.AST) -> None:
+        fix = "self and cls must keep naming the method's own object; use another name"
+        self._add("rebind-self", node, f"'{name}' is rebound", fix)
 
     def _Attribute(self, node: ast.Attribute) -> None:
         receiver = node.value.id if isinstance(node.value, ast.Name) else None
@@ -402,10 +384,10 @@ class _Checker:
                 fix = "dunder attributes are escape hatches; use the object's public API"
                 self._add("dunder-attribute", node, f"attribute '{attr}' is not allowed", fix)
         elif bad_attribute(attr, receiver == "json" and self.json_is_module):
-            fix = _SAVE_HINT if LOAD_SAVE.fullmatch(attr) else _ATTR_HINT
+            fix = _SAVE_HINT if LOAD_SAVE.fullmatch(attr) else _ATTR_HINTS.get(attr, _ATTR_HINT)
             self._add("forbidden-attribute", node, f"attribute '{attr}' is not allowed", fix)
         elif attr in SELF_ONLY_ATTRIBUTES and not on_self:
-            fix = "a library helper of that name imports or opens by name; use another name"
+            fix = _ATTR_HINTS[attr]
             self._add("forbidden-attribute", node, f"attribute '{attr}' is not allowed here", fix)
         elif attr.startswith("_") and not on_self and attr not in NAMEDTUPLE_API:
             fix = "use underscore attributes only on a method's own self or cls"
@@ -467,13 +449,3 @@ class _Checker:
         if three_arg_type or name in CLASS_FACTORIES:
             fix = "define classes with a class statement"
             self._add("dynamic-type", node, f"'{name}(...)' creates a class at run time", fix)
-
-    def _ClassDef(self, node: ast.ClassDef) -> None:
-        metaclass = [k.value for k in node.keywords if k.arg == "metaclass"]
-        for base in [*node.bases, *metaclass]:
-            while isinstance(base, ast.Subscript | ast.Attribute):  # Generic[T], abc.ABC
-                base = base.value
-            if not isinstance(base, ast.Name):
-                problem = f"class '{node.name}' has a computed base or metaclass"
-                fix = "use plain names such as object or abc.ABC, defined by class statements"
-                self._add("dynamic-base", node, problem, fix)

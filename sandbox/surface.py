@@ -62,11 +62,14 @@ FORBIDDEN_ATTRIBUTES: frozenset[str] = frozenset(
     "test tests conftest tqdm tool add_newdoc add_docstring add_newdoc_ufunc "
     # modules that allowed modules expose as attributes (dataclasses.sys, enum.bltns, bm25s.os)
     "os _os sys _sys builtins bltns inspect codecs logging mmap resource subprocess importlib "
-    "ctypes pickle marshal socket shutil pathlib io gc warnings".split()
+    "ctypes pickle marshal socket shutil pathlib io gc warnings "
+    # library data that hands back the class a program gave it (dataclass fields, defaultdict)
+    "default_factory".split()
 )
-# Library helpers with a name too common to refuse everywhere: allowed only on a method's own
-# self or cls (numpy.info imports the module named by its 'toplevel' argument).
-SELF_ONLY_ATTRIBUTES = frozenset({"info"})
+# Library attributes with a name too common to refuse everywhere: allowed only on a method's own
+# self or cls (numpy.info imports the module named by its 'toplevel' argument; a singledispatch
+# function's registry hands back the classes its annotations name).
+SELF_ONLY_ATTRIBUTES = frozenset({"info", "registry"})
 # Callables that tests/surface_survey.py flags and tier 1 allows, each with why it is harmless.
 REVIEWED_MEMBERS: dict[str, str] = {
     "collections.namedtuple": "execs code generated from field names it checks are identifiers",

@@ -19,6 +19,14 @@ frame has to carry a whole history, a memory grows one session per request and i
 (at most :data:`contract.state.MAX_STATE_BYTES`) crosses in chunks of at most
 :data:`STATE_CHUNK_BYTES`, one per frame (:mod:`sandbox.serve`, :mod:`evolve.pipeline`).
 
+Decoding is bounded before it starts: the JSON bytes are scanned first (:func:`json_cost`,
+vectorised, in slices of :data:`SCAN_SLICE` bytes, so the scan itself holds a few times that
+at most) and a frame is refused whose JSON holds more than :func:`max_items` values (every
+``,``, ``:``, ``[`` and ``{`` outside strings starts one; one item for the whole) for the
+bytes it was allowed, or nests deeper than :data:`MAX_DEPTH`. A value costs ``json.loads`` at
+most about 100 bytes and a character of a string at most 4, so decoding a frame allowed A
+bytes allocates at most about 3 A + 4 × its JSON's bytes, however the JSON is shaped.
+
 The functions used are bound at import, before any program runs in the host, so a program that
 patched ``json`` could not rewrite the host's frames.
 """
@@ -34,7 +42,19 @@ from typing import IO, Any
 
 import numpy as np
 
+_frombuffer, _cumsum, _count_nonzero = np.frombuffer, np.cumsum, np.count_nonzero
+_xor_accumulate = np.bitwise_xor.accumulate
+_STEP = np.zeros(256, np.int8)  # +1 opens an array or object, -1 closes one
+_STEP[list(b"[{")], _STEP[list(b"]}")] = 1, -1
+_STARTS = np.zeros(256, np.bool_)  # a value starts after each of these (and at the start)
+_STARTS[list(b",:[{")] = True
+_QUOTE = ord('"')
+
 MAX_JSON_BYTES = 64 << 20
+MAX_DEPTH = 32  # arrays and objects nested in one another (a record is nested 4 deep)
+ITEM_BYTES = 32  # a frame allowed A bytes holds at most MIN_ITEMS + A // ITEM_BYTES values
+MIN_ITEMS = 4096
+SCAN_SLICE = 1 << 20
 MAX_BLOBS = 8
 MAX_BLOB_BYTES = 512 << 20
 STATE_CHUNK_BYTES = 16 << 20  # a memory state crosses in chunks of at most this many bytes
@@ -72,6 +92,35 @@ def reader(inp: IO[bytes]) -> Callable[[int], bytes]:
     return recv
 
 
+def max_items(allowed: int) -> int:
+    """The most values the JSON of a frame allowed ``allowed`` bytes may hold."""
+    return MIN_ITEMS + allowed // ITEM_BYTES
+
+
+def json_cost(data: bytes) -> tuple[int, int]:
+    """(values, deepest nesting) of JSON text, counted outside strings and without decoding
+    it: an upper bound of what ``json.loads`` builds from it, valid JSON or not (a decoder
+    that stops at an error has built only what the text before it holds). Escaped
+    backslashes, then escaped quotes, are dropped first, so every quote left opens or closes
+    a string."""
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    values, depth, deepest, inside = 1, 0, 0, False
+    codes = _frombuffer(data, np.uint8)
+    for start in range(0, len(codes), SCAN_SLICE):
+        part = codes[start : start + SCAN_SLICE]
+        quoted = _xor_accumulate(part == _QUOTE)  # True from an opening quote to its closing
+        if inside:
+            quoted = ~quoted
+        inside = bool(quoted[-1])
+        outside = ~quoted
+        values += int(_count_nonzero(_STARTS[part] & outside))
+        levels = _cumsum(_STEP[part] * outside, dtype=np.int32)
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+    return values, deepest
+
+
 def read_frame(
     recv: Callable[[int], bytes],
     max_bytes: int | None = None,
@@ -94,16 +143,24 @@ def read_frame(
     left = MAX_JSON_BYTES + MAX_BLOBS * MAX_BLOB_BYTES if max_bytes is None else max_bytes
     if n_json > left:
         raise WireError(f"frame too large ({n_json} bytes of JSON; at most {left} expected)")
+    data = recv(n_json)
+    (values, deepest), most = json_cost(data), max_items(min(left, MAX_JSON_BYTES))
+    if values > most:
+        raise WireError(f"frame of {values:,} JSON items; at most {most:,} expected")
+    if deepest > MAX_DEPTH:
+        raise WireError(f"JSON nested deeper than {MAX_DEPTH} ({deepest} levels)")
     left -= n_json
     try:
-        header = _loads(recv(n_json))
+        header = _loads(data)
     except (ValueError, RecursionError) as exc:
         raise WireError(f"malformed frame: {type(exc).__name__}") from None
+    del data
     if not isinstance(header, dict):
         raise WireError("malformed frame: not a JSON object")
     if bounds is not None and header.get("kind") != KINDS[code]:
         kind = header.get("kind")
-        raise WireError(f"malformed frame: a {kind!r} header in a {KINDS[code]!r} frame")
+        shown = repr(kind)[:40] if isinstance(kind, str | None) else type(kind).__name__
+        raise WireError(f"malformed frame: a {shown} header in a {KINDS[code]!r} frame")
     blobs = []
     for _ in range(n_blobs):
         (size,) = _unpack(">Q", recv(8))

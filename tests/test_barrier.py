@@ -39,7 +39,7 @@ from sandbox import barrier
 barrier.shield_optimizer()
 host = subprocess.run(
     [sys.executable, "-I", "-c", sys.argv[1], sys.argv[2], str(os.getpid())],
-    cwd=sys.argv[3], capture_output=True, text=True, timeout=60,
+    cwd=sys.argv[3], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
     env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
 )
 print(host.stdout, end="")
@@ -67,18 +67,26 @@ def whole_barrier(unavailable: Unavailable) -> None:
         unavailable("PRISMEM_BARRIER", barrier.describe(report))
 
 
-def attack(code: str, tmp_path: Path, limits: Limits | None = None) -> dict[str, str]:
-    """Run ``code`` (after ``HOST``) in a confined child of a stand-in optimizer; returns each
-    ``attempt``'s outcome by name."""
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    scratch.chmod(0o1777)
+def attack(
+    code: str,
+    tmp_path: Path,
+    limits: Limits | None = None,
+    prelude: str = "",
+    scratch: Path | None = None,
+) -> dict[str, str]:
+    """Run ``code`` (after ``prelude`` and ``HOST``) in a confined child of a stand-in
+    optimizer, in ``scratch`` (default: a new one in ``tmp_path``); returns each ``attempt``'s
+    outcome by name."""
+    if scratch is None:
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        scratch.chmod(0o1777)
     done = subprocess.run(
         [
             sys.executable,
             "-c",
             OPTIMIZER,
-            HOST + textwrap.dedent(code),
+            prelude + HOST + textwrap.dedent(code),
             json.dumps(asdict(limits or Limits())),
             str(scratch),
         ],
@@ -147,6 +155,8 @@ def test_no_network_not_even_loopback(
         attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
         attempt("ipv6", lambda: socket.socket(socket.AF_INET6))
         attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW))
+        attempt("unix", lambda: socket.socket(socket.AF_UNIX))
+        attempt("socketpair", lambda: socket.socketpair())
         """,
         tmp_path,
     )
@@ -208,6 +218,97 @@ def test_two_live_hosts_never_share_a_throwaway_uid(whole_barrier: None) -> None
         assert len(users) == 2 and all(u.startswith("throwaway uid") for u in users), users
     else:
         assert users == {"own uid, no capabilities"}
+
+
+# System V IPC and POSIX message queues through libc, as a program with ctypes reaches them.
+IPC_ATTACK = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+def made(name, *args):
+    got = getattr(libc, name)(*args)
+    if got == -1:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return got
+attempt("shmget", lambda: made("shmget", IPC_PRIVATE, 512 << 20, IPC_CREAT | 0o666))
+attempt("shmget by key", lambda: made("shmget", 0x50524953, 1 << 20, IPC_CREAT | 0o666))
+attempt("shmctl", lambda: made("shmctl", 0, 2, None))  # IPC_STAT of the first segment
+attempt("msgget", lambda: made("msgget", IPC_PRIVATE, IPC_CREAT | 0o666))
+attempt("semget", lambda: made("semget", IPC_PRIVATE, 1, IPC_CREAT | 0o666))
+attempt("mq_open", lambda: made("mq_open", b"/prismem", os.O_CREAT | os.O_RDWR, 0o600, None))
+attempt("mq_unlink", lambda: made("mq_unlink", b"/prismem"))
+"""
+
+
+def sysv_objects() -> set[tuple[str, str]]:
+    """Every System V object of this IPC namespace: (kind, id)."""
+    found = set()
+    for kind in ("shm", "msg", "sem"):
+        for line in Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]:
+            found.add((kind, line.split()[1]))
+    return found
+
+
+def test_no_system_v_or_posix_ipc(whole_barrier: None, tmp_path: Path) -> None:
+    """Denied by seccomp; and what a host might make lives in an IPC namespace of its own."""
+    before = sysv_objects()
+    got = attack(IPC_ATTACK, tmp_path)
+    assert sysv_objects() - before == set()
+    assert all(v.startswith("denied: PermissionError") for v in got.values()), got
+
+
+def test_the_host_has_an_ipc_namespace_of_its_own(whole_barrier: None) -> None:
+    code = (
+        "import os; from sandbox import barrier; r = barrier.enter(); "
+        "print(os.readlink('/proc/self/ns/ipc'), r['namespaces'], sep='|')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    ipc, namespaces = done.stdout.strip().split("|")
+    assert ipc != os.readlink("/proc/self/ns/ipc") and "IPC" in namespaces, done.stdout
+
+
+def subordinate_ranges() -> list[tuple[int, int]]:
+    """Every id range /etc/subuid, /etc/subgid and login.defs give to ordinary users."""
+    ranges = []
+    for name in ("subuid", "subgid"):
+        path = Path("/etc") / name
+        for line in path.read_text().splitlines() if path.exists() else []:
+            _, first, count = line.split(":")
+            ranges.append((int(first), int(first) + int(count) - 1))
+    defs = Path("/etc/login.defs")
+    words = [line.split() for line in defs.read_text().splitlines()] if defs.exists() else []
+    sub = {w[0]: int(w[1]) for w in words if len(w) == 2 and w[0].startswith("SUB_")}
+    for kind in ("UID", "GID"):
+        ranges.append((sub.get(f"SUB_{kind}_MIN", 100000), sub.get(f"SUB_{kind}_MAX", 600100000)))
+    return ranges
+
+
+def test_throwaway_uids_belong_to_no_subordinate_range(whole_barrier: None) -> None:
+    uid, problem = barrier.throwaway_id(os.getpid())
+    assert problem is None and uid < 2**31
+    if os.geteuid() == 0:  # the uid a real host becomes
+        with Host(Limits()) as host:
+            uid = int(host.isolation["user"].split()[2].rstrip(","))
+    assert not any(first <= uid <= last for first, last in subordinate_ranges()), uid
+
+
+def test_throwaway_uids_move_past_configured_ranges_or_say_so(tmp_path: Path) -> None:
+    base, span, key = barrier.THROWAWAY_BASE, barrier.THROWAWAY_SPAN, 4242
+    (tmp_path / "subuid").write_text(f"alice:100000:65536\nbob:{base + 10}:65536\n")
+    (tmp_path / "subgid").write_text("alice:100000:65536\n")
+    (tmp_path / "passwd").write_text(f"carol:x:{base + span + key}:1::/:/bin/sh\n")
+    (tmp_path / "login.defs").write_text("SUB_UID_MAX\t\t700000000\n")
+    assert barrier.throwaway_id(key, tmp_path) == (base + 2 * span + key, None)
+    (tmp_path / "subgid").write_text(f"dave:{base}:{2**31 - base}\n")
+    uid, problem = barrier.throwaway_id(key, tmp_path)
+    assert uid == base + key and problem and "dave" in problem
+    report = {"namespaces": "x", "filesystem": "x", "processes": "x", "seccomp": "x"}
+    assert barrier.complete(report)
+    report["ids"] = f"unavailable (throwaway uid {uid}: {problem})"
+    assert not barrier.complete(report) and "dave" in barrier.describe(report)
 
 
 def test_the_host_dies_with_its_reaper(whole_barrier: None) -> None:

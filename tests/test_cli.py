@@ -590,7 +590,7 @@ def test_run_records_absolute_paths_so_resume_works_from_elsewhere(
 def test_a_seed_that_fails_every_real_question_stops_the_run(
     beam_slice: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    """The seed passes the sandbox (its synthetic messages hold no comma) but raises on every
+    """The seed passes the sandbox (its synthetic messages hold no apostrophe) but raises on every
     real conversation: the run stops after the seed's evaluation, exit 2, one error line with
     the first error; the seed is filed ``failed`` with it (it was filed evaluated, exit 0)."""
     from evolve.evolution.store import RunStore
@@ -598,7 +598,7 @@ def test_a_seed_that_fails_every_real_question_stops_the_run(
     bad = tmp_path / "crash.py"
     bad.write_text(Path(DENSE).read_text().replace(
         "        if not units:",
-        "        if any(',' in u.content for u in units):\n"
+        "        if any(\"'\" in u.content for u in units):\n"
         "            raise KeyError('too many units')\n"
         "        if not units:",
     ))  # fmt: skip

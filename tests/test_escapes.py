@@ -1,5 +1,5 @@
-"""The five classes of escapes that passed tier 1 (or the state codec) in a red-team exercise:
-for each, the smallest program that shows it, refused now with a rule id and a line.
+"""The classes of escapes that passed tier 1 (or the state codec) in red-team exercises: for
+each, the smallest program that shows it, refused now with a rule id and a line.
 
 1. annotations evaluated by ``typing.get_type_hints``; 2. attributes got or set by a name given
 as data to a library helper, with dunder hooks (``__getattr__``, ``__reduce__``); 3. another
@@ -7,6 +7,15 @@ object smuggled in as ``self`` through ``Class.method(obj)``; 4. the memory-stat
 hostile bytes or a program state naming a dotted path; 5. public library entry points that run
 test runners, import modules or open paths (checked against a fresh survey of the allowed
 modules, ``tests/surface_survey.py``).
+
+Then the same end as 3 by receivers its rule did not see (``sandbox.objects``), which reached
+``typing._eval_type`` with the real builtins: 6. a method reached as a plain function (inside
+its class body, through a decorator, a classmethod's first parameter or ``super()`` there, a
+library hook calling it through the class, a dataclass's generated ``__init__``); 7. a class
+carried as a value past the class rules (returned ``cls``, calls and comparisons that hand it
+back or to program code, ``type``, generic aliases, nested classes, field factories and
+annotations, singledispatch registries, class decorators, metaclasses); 8. ``self`` bound by
+something other than a call on an instance (an import, a nested parameter, a pattern).
 """
 
 from __future__ import annotations
@@ -444,3 +453,324 @@ def test_the_survey_fails_when_a_module_with_file_openers_is_allowed(
     flagged = survey(added)
     open_ = {f.path for f in flagged if not _refused(f.module, f.chain)} - set(REVIEWED_MEMBERS)
     assert {"gzip.GzipFile", "zipfile.ZipFile", "shelve.DbfilenameShelf"} <= open_
+
+
+# -- 6. a method reached as a plain function --------------------------------------------------
+
+# A program-defined method whose first parameter gets private access, given the typing module
+# (exposed by bm25s) as self: ForwardRef evaluation with the real builtins, then os. This ran
+# to the end inside the confined host while it passed all four tiers.
+EVAL_TYPE = """
+from bm25s import tokenization
+
+U = "_" * 2
+CODE = U + "import" + U + "('os')"
+
+
+class Box:
+    def run(self, code):
+        return self._eval_type(self._type_convert(code), {}, {})
+
+    @classmethod
+    def kind(cls):
+        return cls
+
+
+class Sub(Box):
+    @classmethod
+    def go(cls, module, code):
+        return super().run(module, code)
+
+
+def escape():
+    return Box.kind().run(tokenization.typing, CODE) or Sub.go(tokenization.typing, CODE)
+"""
+
+
+def test_foreign_self_reaching_real_builtins_is_refused() -> None:
+    source = program(tail=EVAL_TYPE)
+    assert {(f.rule, f.line) for f in check_source(source)} == {
+        ("class-value", line_of(source, "return cls")),
+        ("unbound-method", line_of(source, "return super().run")),
+    }
+
+
+# Each form hands Peek.datasource, or another method reading a private attribute of its self,
+# an object that is not an instance of its class (numpy.lib: its _datasource opens files).
+FOREIGN = """\
+from numpy import lib
+
+
+class Peek:
+    def datasource(self):
+        return self._datasource
+
+
+"""
+
+
+def refused_at(snippet: str, rule: str, marker: str) -> None:
+    source = FOREIGN + textwrap.dedent(snippet)
+    found = findings(source, rule)
+    assert [f.line for f in found] == [line_of(source, marker)], check_source(source)
+    assert f"(line {found[0].line})" in found[0].message and "\n" not in found[0].message
+
+
+@pytest.mark.parametrize(
+    ("snippet", "rule", "marker"),
+    [
+        # inside its class body a method is the plain function: called, aliased, a default
+        ("class P:\n    def ds(self):\n        return self._x\n\n    got = ds(lib)\n",
+         "unbound-method", "got ="),
+        ("class P:\n    def ds(self):\n        return self._x\n\n    alias = ds\n",
+         "unbound-method", "alias ="),
+        ("class P:\n    def ds(self):\n        return self._x\n\n"
+         "    def use(self, f=ds):\n        return f(lib)\n", "unbound-method", "f=ds"),
+        ("class P:\n    @property\n    def ds(self):\n        return self._x\n\n"
+         "    g = ds.fget\n", "unbound-method", "g ="),
+        # a decorator named like a builtin, or an accessor of something that is not a property
+        ("def property(f):\n    return f(lib)\n\n\nclass P:\n    @property\n"
+         "    def ds(self):\n        return self._x\n", "rebound-builtin", "    @property"),
+        ("def classmethod(f):\n    return f\n\n\nclass P:\n    @classmethod\n"
+         "    def ds(cls):\n        return cls._x\n", "rebound-builtin", "    @classmethod"),
+        ("def make(d):\n    class P:\n        @d.getter\n        def ds(self):\n"
+         "            return self._x\n", "private-attribute", "return self._x"),
+        ("class D:\n    def getter(self, f):\n        return f(lib)\n\n\nclass P:\n"
+         "    @property\n    def ds(self):\n        return self._x\n\n    ds = D()\n\n"
+         "    @ds.getter\n    def ds(self):\n        return self._y\n", "private-attribute",
+         "return self._y"),
+        # a classmethod's first parameter is the class, whatever its name; so is its super()
+        ("class P(Peek):\n    @classmethod\n    def go(klass, x):\n"
+         "        return klass.datasource(x)\n", "unbound-method", "klass.datasource"),
+        ("class P(Peek):\n    @classmethod\n    def go(cls, x):\n"
+         "        return super().datasource(x)\n", "unbound-method", "super()"),
+        ("class P(Peek):\n    @classmethod\n    def go(cls, x):\n"
+         "        return super(P, cls).datasource(x)\n", "unbound-method", "super(P"),
+        # super() takes the first argument of the function it is in; a super object is not kept
+        ("class P(Peek):\n    def go(self):\n        def inner(c):\n"
+         "            return super().datasource\n        return inner\n",
+         "super-call", "super()"),
+        ("class P(Peek):\n    def go(self):\n        s = super()\n        return s\n",
+         "super-call", "s = super()"),
+        ("class P(Peek):\n    def go(self):\n        s = super\n        return s\n",
+         "super-call", "s = super"),
+        # library hooks call sunder methods through the class: Enum calls _missing_(value)
+        ("import enum\n\n\nclass K(enum.Enum):\n    A = 1\n\n    def _missing_(self):\n"
+         "        return self._x\n", "private-attribute", "return self._x"),
+        # a dataclass's generated __init__ sets its fields on whatever it is given
+        ("import dataclasses\n\n\n@dataclasses.dataclass\nclass H:\n    x: int = 0\n\n\n"
+         "def f():\n    H.__init__(lib, 1)\n", "unbound-method", "H.__init__"),
+    ],
+)  # fmt: skip
+def test_methods_reached_as_plain_functions_are_refused(
+    snippet: str, rule: str, marker: str
+) -> None:
+    refused_at(snippet, rule, marker)
+
+
+# -- 7. a class carried as a value past the class rules -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("snippet", "rule", "marker"),
+    [
+        ("class P:\n    @classmethod\n    def me(cls):\n        return cls\n", "class-value",
+         "return cls"),
+        # calls that hand the class back, or hand it to program code
+        ("import collections\n\n\ndef f():\n    return collections.defaultdict(Peek)\n",
+         "class-value", "defaultdict"),
+        ("class G:\n    def sorted(self, c):\n        return c\n\n\ndef f():\n"
+         "    return G().sorted(Peek).datasource(lib)\n", "class-value", "G().sorted"),
+        ("def sorted(c):\n    return c\n\n\ndef f():\n    return sorted(Peek).datasource(lib)\n",
+         "class-value", "sorted(Peek)"),
+        ("def isinstance(a, c):\n    return c\n\n\ndef f():\n"
+         "    return isinstance(0, Peek).datasource(lib)\n", "class-value", "isinstance(0"),
+        ("class G:\n    def take(self, default_factory):\n        return default_factory\n\n\n"
+         "def f():\n    return G().take(default_factory=Peek)\n", "class-value", "G().take"),
+        ("def field(default_factory):\n    return default_factory\n\n\ndef f():\n"
+         "    return field(default_factory=Peek)\n", "class-value", "return field("),
+        # comparisons other than 'is' run the other operand's __eq__, __lt__, __contains__
+        ("class G:\n    def __lt__(self, other):\n        return other\n\n\ndef f():\n"
+         "    return (G() < Peek).datasource(lib)\n", "class-value", "G() < Peek"),
+        ("def f(g):\n    return Peek in g\n", "class-value", "Peek in g"),
+        # type itself, a subscripted class (its alias forwards attributes), a nested class
+        ("def f():\n    return list(map(type, [Peek()]))[0].datasource(lib)\n", "class-value",
+         "map(type"),
+        ("T = type\n", "class-value", "T = type"),
+        ("def f():\n    for c in (Peek,):\n        return c.datasource(lib)\n", "class-value",
+         "(Peek,)"),
+        ("def f():\n    return sorted((Peek,))[0].datasource(lib)\n", "class-value",
+         "sorted((Peek,))"),
+        ("from typing import Generic, TypeVar\n\nT = TypeVar('T')\n\n\nclass P(Generic[T]):\n"
+         "    def ds(self):\n        return self._x\n\n\ndef f():\n    return P[int].ds(lib)\n",
+         "class-value", "P[int]"),
+        ("class P:\n    class Inner(Peek):\n        pass\n\n\ndef f():\n    k = P.Inner\n"
+         "    return k.datasource(lib)\n", "class-value", "k = P.Inner"),
+        ("class G:\n    def __eq__(self, other):\n        return True\n\n\nclass P:\n"
+         "    class Inner:\n        pass\n\n\ndef f():\n    match G():\n        case P.Inner:\n"
+         "            return 1\n", "class-value", "case P.Inner"),
+        ("import enum\n\n\nclass K(enum.Enum):\n    A = 1\n\n    class Inner(Peek):\n"
+         "        pass\n", "class-value", "class Inner"),
+        # library data that hands a class back: field factories, annotations, registries
+        ("import dataclasses\n\n\n@dataclasses.dataclass\nclass H:\n"
+         "    p: object = dataclasses.field(default_factory=Peek)\n\n\ndef f():\n"
+         "    return dataclasses.fields(H)[0].default_factory.datasource(lib)\n",
+         "forbidden-attribute", "default_factory.datasource"),
+        ("import dataclasses\n\n\n@dataclasses.dataclass\nclass H:\n    p: Peek = None\n\n\n"
+         "def f():\n    return dataclasses.fields(H)[0].type.datasource(lib)\n",
+         "annotation-class", "p: Peek"),
+        ("import dataclasses\n\n\n@dataclasses.dataclass\nclass H:\n    p: type = None\n",
+         "annotation-class", "p: type"),
+        ("import functools\n\n\ndef f():\n    @functools.singledispatch\n    def g(x):\n"
+         "        return 0\n\n    @g.register\n    def _(x: Peek):\n        return 1\n\n"
+         "    return list(g.registry)[-1].datasource(lib)\n", "forbidden-attribute",
+         "g.registry"),
+        # a class decorator is given the class; a metaclass's methods are given classes
+        ("def deco(c):\n    return c.datasource(lib)\n\n\n@deco\nclass P(Peek):\n    pass\n",
+         "class-decorator", "@deco"),
+        ("class M(type):\n    def __call__(self):\n        return self\n", "metaclass",
+         "class M(type)"),
+        ("import abc\n\nM = abc.ABCMeta\n\n\nclass MM(M):\n    pass\n", "dynamic-base",
+         "class MM(M)"),
+        ("import abc\n\nN = abc.ABCMeta('N', (), {})\n", "dynamic-type", "N = abc"),
+    ],
+)  # fmt: skip
+def test_classes_carried_as_values_are_refused(snippet: str, rule: str, marker: str) -> None:
+    refused_at(snippet, rule, marker)
+
+
+def test_every_library_metaclass_is_refused_as_a_base() -> None:
+    """Metaclasses among the public attributes of the allowed modules (a survey, like
+    tests/surface_survey.py's): a program class deriving from one is a metaclass."""
+    found = []
+    for name in sorted(static.ALLOWED_IMPORTS - {"__future__"}):
+        module = __import__(name)
+        for attr in (a for a in dir(module) if not a.startswith("_")):
+            value = getattr(module, attr, None)
+            entries = getattr(value, "__mro_entries__", None)
+            try:  # what 'class M(value)' would derive from: typing.Type stands for type
+                bases = entries((value,)) if callable(entries) else (value,)
+            except (TypeError, ValueError):
+                bases = ()
+            if any(isinstance(b, type) and issubclass(b, type) for b in bases):
+                found.append((name, attr))
+    assert ("abc", "ABCMeta") in found and ("enum", "EnumType") in found
+    for name, attr in found:
+        source = f"import {name}\n\n\nclass M({name}.{attr}):\n    pass\n"
+        assert findings(source, "metaclass"), f"{name}.{attr}"
+
+
+# -- 8. self bound by something other than a call on an instance -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("snippet", "rule", "marker"),
+    [
+        ("class P:\n    def ds(self):\n        from numpy import lib as self\n"
+         "        return self._x\n", "rebind-self", "import lib as self"),
+        ("class P:\n    def ds(self):\n        def inner(self, /):\n            return self._x\n\n"
+         "        return inner(lib)\n", "private-attribute", "return self._x"),
+        ("class P:\n    def ds(self):\n        def inner(*, self):\n            return self._x\n\n"
+         "        return inner(self=lib)\n", "private-attribute", "return self._x"),
+        ("class P:\n    def ds(self):\n        return (lambda self, /: self._x)(lib)\n",
+         "private-attribute", "lambda self"),
+        ("class P:\n    def ds(self, x):\n        match x:\n            case {**self}:\n"
+         "                return self\n", "rebind-self", "case {**self}"),
+    ],
+)  # fmt: skip
+def test_self_bound_otherwise_is_refused(snippet: str, rule: str, marker: str) -> None:
+    refused_at(snippet, rule, marker)
+
+
+def test_instance_forms_of_the_object_model_pass() -> None:
+    tail = """
+
+class Shape(abc.ABC):
+    @abc.abstractmethod
+    def area(self):
+        ...
+
+
+@functools.total_ordering
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: float = 0.0
+    tags: list[str] = dataclasses.field(default_factory=list)
+
+    def __lt__(self, other):
+        return self.x < other.x
+
+
+class Kind(enum.Enum):
+    A = 1
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.A
+
+
+class Box(Shape):
+    SCALE = 2
+
+    def __init__(self, size):
+        self._size = size
+
+    @property
+    def size(self):
+        return self._size
+
+    @functools.cached_property
+    def doubled(self):
+        return self._size * self.SCALE
+
+    def area(self):
+        return self._size**2
+
+    @classmethod
+    def unit(cls):
+        return cls(cls.SCALE - 1)
+
+    @staticmethod
+    def clamp(x):
+        return max(0, x)
+
+
+class Pair(typing.Generic[T]):
+    def first(self):
+        return self._first
+
+
+class IntPair(Pair[int]):
+    pass
+
+
+class Shelf:
+    boxes: list[Box]
+
+
+class Big(Box):
+    @classmethod
+    def unit(cls):
+        return super().unit()
+
+    def area(self):
+        return super().area() + super(Big, self).area()
+
+
+def use(items):
+    box = Box.unit()
+    same = type(box) is Box or isinstance(box, (Box, Big))
+    kinds = [k.name for k in Kind] + [Kind["A"].name, Kind(2).name]
+    names = [f.name for f in dataclasses.fields(Point)]
+    return same, kinds, names, box.size, box.doubled, Box.clamp(-1), sorted(items, key=len)
+"""
+    head = "import abc\nimport dataclasses\nimport enum\nimport functools\nimport typing\n\n"
+    head += "T = typing.TypeVar('T')\n\n"
+    assert check_source(program(head=head, tail=tail)) == []
+
+
+def test_annotations_naming_classes_pass_when_they_stay_strings() -> None:
+    unit = "    parts: list[Part] = None\n    kind: type = None\n"
+    head = "from __future__ import annotations\n\n\nclass Part:\n    pass\n\n"
+    assert check_source(program(head=head, unit=unit)) == []
+    assert findings(program(head=head.split("\n", 3)[-1], unit=unit), "annotation-class")

@@ -307,10 +307,13 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
 
 
 def test_a_hook_returning_an_ill_typed_unit_fails_extraction(tasks: TaskSet, tmp_path: Path):
-    """Records handed to the host are not checked again there, but what a hook returns is."""
+    """Records handed to the host are not checked again there, but what a hook returns is
+    (the hook spoils units only where real data differs from the sandbox's: an apostrophe)."""
     hook = (
         "\n\ndef postprocess_units(units, segment):\n"
-        "    for u in units:\n        u.date = 7\n    return units\n"
+        "    for u in units:\n"
+        '        if "\'" in u.content:\n            u.date = 7\n'
+        "    return units\n"
     )
     path = tmp_path / "hook.py"
     path.write_text(DENSE + hook)

@@ -36,7 +36,7 @@ with Host(Limits(cpu_seconds=30, call_seconds=20.0)) as host:
     assert host.proc.stdin is not None
     print("stdin", host.proc.stdin.fileno(), flush=True)
     host.call("load", {{"source": Path(sys.argv[1]).read_text(), "path": "dense.py"}})
-    host.call("smoke")
+    host.call("schema")
 print("answered", flush=True)
 """
 
@@ -92,3 +92,27 @@ def test_a_frame_whose_header_lies_about_its_kind_is_refused() -> None:
         wire.read_frame(_recorder(bytes(frame))[1], bounds=BOUNDS)
     with pytest.raises(wire.WireError, match="unexpected frame kind 'ready'"):
         wire.read_frame(_recorder(wire.encode_frame({"kind": "ready"}))[1], bounds=BOUNDS)
+
+
+def _backend(texts: object) -> bytes:
+    return wire.encode_frame({"kind": "backend", "method": "embed", "texts": texts})
+
+
+def test_a_frame_is_decoded_only_when_its_items_and_nesting_fit_its_bound() -> None:
+    most = wire.max_items(BOUNDS["backend"])
+    with pytest.raises(wire.WireError, match=f"{most + 1:,} JSON items"):  # the header has 7
+        wire.read_frame(_recorder(_backend([0] * (most - 6)))[1], bounds=BOUNDS)
+    wire.read_frame(_recorder(_backend([0] * (most - 7)))[1], bounds=BOUNDS)
+    deep: list[object] = []
+    for _ in range(wire.MAX_DEPTH - 2):  # in the header's object: MAX_DEPTH levels
+        deep = [deep]
+    wire.read_frame(_recorder(_backend(deep))[1], bounds=BOUNDS)
+    with pytest.raises(wire.WireError, match=f"deeper than {wire.MAX_DEPTH}"):
+        wire.read_frame(_recorder(_backend([deep]))[1], bounds=BOUNDS)
+
+
+def test_what_strings_hold_is_not_counted_as_items_or_nesting() -> None:
+    texts = [",[{:" * 100_000, '\\"[[[', '\\\\"' + "[" * 100, '"' * 50 + "{" * 50, "\\"]
+    frame = _backend(texts)
+    assert wire.json_cost(frame[8:]) == (1 + 1 + 3 + 2 + 1 + len(texts) - 1, 2)
+    assert wire.read_frame(_recorder(frame)[1], bounds=BOUNDS)[0]["texts"] == texts

@@ -1,10 +1,13 @@
 """Process lifetime: everything `evolve` starts dies with it, even when it is killed with
 SIGKILL and has no chance to clean up (the worker pool, its progress queue's manager, the
-resource trackers, the sandbox hosts). Linux only: descendants are found through /proc."""
+resource trackers, the sandbox hosts and their reapers, with and without namespaces). Linux
+only: descendants are found through /proc."""
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -12,6 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import Unavailable
+
+from sandbox import barrier
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -86,3 +92,73 @@ def _evaluating(pids: set[int]) -> bool:
     """Both loky workers are up, and at least one evaluates in a sandbox host."""
     cmdlines = [_cmdline(p) for p in pids]
     return sum(b"loky" in c for c in cmdlines) >= 2 and any(b"sandbox.host" in c for c in cmdlines)
+
+
+# A stand-in optimizer: it starts a real sandbox host from a worker thread that then ends (a
+# parent-death signal on the host's first process would fire there), has it run a busy loop
+# in the middle of a request, and waits. With "refuse", a seccomp filter answers unshare with
+# EPERM first, as a kernel that refuses namespaces does: its hosts take the weaker mode.
+OPTIMIZER = """
+import errno, json, sys
+from concurrent.futures import ThreadPoolExecutor
+from sandbox.isolate import Host, Limits
+if sys.argv[2] == "refuse":
+    import pyseccomp as sc
+    refuse = sc.SyscallFilter(sc.ALLOW)
+    refuse.add_rule(sc.ERRNO(errno.EPERM), "unshare")
+    refuse.load()
+with ThreadPoolExecutor(1) as pool:
+    host = pool.submit(Host, Limits(**json.loads(sys.argv[1]))).result()
+print(json.dumps(host.isolation), flush=True)
+host.call("load", {"source": "while True:\\n    pass\\n", "path": "busy.py"})
+"""
+
+
+def marked(marker: bytes) -> set[int]:
+    """Live processes whose command line holds ``marker``."""
+    return {
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and marker in _cmdline(int(entry)) and int(entry) != os.getpid()
+        and (stat := _stat(int(entry))) is not None and stat[0] != "Z"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "refuse"])
+def test_a_host_dies_with_its_killed_optimizer(mode: str, unavailable: Unavailable) -> None:
+    """kill -9 of the optimizer mid-request: within 2 s no host and no reaper is left."""
+    if mode == "namespaces" and not barrier.complete(barrier.survey()):
+        unavailable("PRISMEM_BARRIER", barrier.describe(barrier.survey()))
+    stderr_bytes = random.randrange(1 << 20, 1 << 30)  # it marks the host's command line
+    marker = f'"stderr_bytes": {stderr_bytes}'.encode()
+    limits = json.dumps({"stderr_bytes": stderr_bytes, "call_seconds": 60.0})
+    optimizer = subprocess.Popen(
+        [sys.executable, "-c", OPTIMIZER, limits, mode],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert optimizer.stdout is not None
+        isolation = json.loads(optimizer.stdout.readline() or "null")
+        assert isolation, optimizer.stderr.read().decode()[-2000:] if optimizer.stderr else ""
+        assert ("missing" in isolation) == (mode == "refuse"), isolation
+        host = marked(marker) - {optimizer.pid}
+        assert len(host) == 2, host  # the reaper and the host proper
+        deadline = time.monotonic() + 10  # the request is under way: the host computes
+        while time.monotonic() < deadline and not any(_running(p) for p in host):
+            time.sleep(0.05)
+        assert any(_running(p) for p in host), "the host never ran the request"
+        optimizer.kill()
+        optimizer.wait()
+        deadline = time.monotonic() + 2
+        while marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not marked(marker), "a host or its reaper outlived the optimizer"
+    finally:
+        optimizer.kill()
+        optimizer.wait()
+        for pid in marked(marker):  # only processes this test started
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    return (stat := _stat(pid)) is not None and stat[0] == "R"

@@ -1,6 +1,8 @@
 """A retrieve that changes the memory is refused: by tier 1 (sandbox/readonly.py) for each form
-it can see, and by the smoke tier, which compares the memory's stored state before and after a
-retrieve, for what static analysis cannot see."""
+it can see, methods of the program's other classes included, and by the smoke tier for what
+static analysis cannot see: it compares the memory's stored state (or, for a memory that cannot
+be stored, the digest of everything reachable from it) before and after retrieves, and the
+answer to a query before and after another."""
 
 from __future__ import annotations
 
@@ -48,6 +50,35 @@ def line_of(source: str, text: str) -> int:
 
 INIT = "self.cache = {}\nself.count = 0\nself.heap = []\nself.stats = Stats()\n"
 STATS = "class Stats:\n    hits = 0\n"  # a plain holder: an int class attribute is not class state
+# Another class whose objects the memory holds (self.log): each method changes the object.
+LOG = """
+class Log:
+    def __init__(self):
+        self.seen = []
+        self.reads = 0
+
+    def note(self, text):
+        self.seen.append(text)
+
+    def score(self, unit):
+        self.reads += 1
+        return len(unit.content)
+
+    def __getitem__(self, key):
+        self.seen.append(key)
+        return key
+
+    def __iter__(self):
+        self.reads += 2
+        return iter(self.seen)
+
+    def __call__(self, text):
+        self.seen.append(text + "!")
+
+
+def remember(log, text):
+    log.note(text)
+"""
 
 # (retrieve body, extra methods, top of module, the line the finding must point at)
 REFUSED = {
@@ -114,6 +145,28 @@ REFUSED = {
         "import random",
         "self.rng.random()",
     ),
+    "method of another class": ("self.log.note(query.text)", "", LOG, "self.seen.append(text)"),
+    "another class through an alias": (
+        "log = self.log\nlog.note(query.text)",
+        "",
+        LOG,
+        "self.seen.append(text)",
+    ),
+    "another class's method as a value": (
+        "sorted(self.units, key=self.log.score)",
+        "",
+        LOG,
+        "self.reads += 1",
+    ),
+    "another class's item read": ("self.log[query.text]", "", LOG, "self.seen.append(key)"),
+    "another class's iteration": ("for x in self.log:\n    pass", "", LOG, "self.reads += 2"),
+    "another class called": ("self.log(query.text)", "", LOG, 'self.seen.append(text + "!")'),
+    "function given another class": (
+        "remember(self.log, query.text)",
+        "",
+        LOG,
+        "self.seen.append(text)",
+    ),
 }
 
 
@@ -121,6 +174,7 @@ REFUSED = {
 def test_each_change_to_the_memory_in_retrieve_is_refused_with_a_repair(case: str) -> None:
     body, methods, top, where = REFUSED[case]
     init = INIT + ("self.rng = random.Random(0)\n" if "random" in top else "")
+    init += "self.log = Log()\n" if "class Log" in top else ""
     source = program(body, init=init, top=top + "\n" + STATS, methods=methods)
     found = mutations(source)
     assert found, case
@@ -141,6 +195,19 @@ ALLOWED = {
     "a reading helper": ("n = self._size()", "def _size(self):\n    return len(self.units)", ""),
     "a local generator": ("rng = random.Random(0)\nrng.random()", "", "import random"),
     "arithmetic on state": ("v = self.vec * 2\nv[0] = 1.0", "", ""),
+    # objects of other classes made in retrieve change themselves, not the memory
+    "a helper made with the memory": (
+        "walk = Walk(self)\nfor unit in self.units:\n    walk.visit(unit)",
+        "",
+        "class Walk:\n    def __init__(self, memory):\n        self.memory = memory\n"
+        "        self.seen = []\n\n    def visit(self, unit):\n        self.seen.append(unit)\n",
+    ),
+    "a counter made from state": (
+        "budget = Budget(self.count)\nbudget.spend()",
+        "",
+        "class Budget:\n    def __init__(self, left):\n        self.left = left\n\n"
+        "    def spend(self):\n        self.left -= 1\n",
+    ),
 }
 
 
@@ -161,23 +228,66 @@ def test_index_may_change_the_memory_and_share_helpers_that_do_not() -> None:
     assert check_source(source) == []
 
 
-# A change static analysis cannot see: the memory's state is changed by a method of another class
-# the memory holds (which method runs depends on the object's type, unknown to tier 1).
+# Changes static analysis cannot see. HIDDEN: a lambda kept on self calls another class's
+# method (a memory holding a lambda cannot be stored: its reachable state is compared);
+# STORED: a top-level function kept on self does (a storable memory: its stored state is
+# compared); OUTSIDE: the state is a module-level table handed to a function, outside the
+# memory, and the answer depends on it (the repeated query catches it).
+NOTES = """
+class Notes:
+    def __init__(self):
+        self.seen = []
+
+    def note(self, text):
+        self.seen.append(text)
+
+
+def remember(log, text):
+    log.note(text)
+"""
 HIDDEN = program(
-    "self.log.note(query.text)",
-    init="self.log = Log()",
-    top="class Log:\n    def __init__(self):\n        self.seen = []\n\n"
-    "    def note(self, text):\n        self.seen.append(text)\n",
+    "self.hook(query.text)",
+    init="self.log = Notes()\nself.hook = lambda text: self.log.note(text)",
+    top=NOTES,
 )
+STORED = program(
+    "self.keep(self.log, query.text)",
+    init="self.log = Notes()\nself.keep = remember",
+    top=NOTES,
+)
+OUTSIDE = program(
+    "if tally(SEEN, 'asked') > 1:\n    return 'asked before'",
+    top="SEEN = {}\n\n\ndef tally(table, key):\n    table[key] = table.get(key, 0) + 1\n"
+    "    return table[key]\n",
+)
+HIDDEN_ROUTES = {
+    "lambda kept on self": (HIDDEN, "changed the memory's state", "reachable"),
+    "function kept on self": (STORED, "changed the memory's state", "stored"),
+    "state outside the memory": (OUTSIDE, "answered the same query differently", "stored"),
+}
 
 
-def test_a_change_hidden_from_tier_1_is_caught_by_the_smoke_tier() -> None:
-    assert check_source(HIDDEN) == []  # tier 1 does not follow self.log's class
-    report = check_program(HIDDEN, "hidden.py")
+@pytest.mark.parametrize("route", HIDDEN_ROUTES, ids=str)
+def test_a_change_hidden_from_tier_1_is_caught_by_the_smoke_tier(route: str) -> None:
+    source, error, _ = HIDDEN_ROUTES[route]
+    assert check_source(source) == []  # tier 1 cannot see it
+    report = check_program(source, "hidden.py")
     failure = report.failure
     assert failure is not None and (failure.tier, failure.rule) == (3, "smoke"), report.tiers
-    assert "changed the memory's state" in (failure.error or "")
-    assert "compute it in index()" in report.repair_text()
+    assert error in (failure.error or ""), failure.error
+    assert "retrievals are cached per index and query" in report.repair_text()
+
+
+def test_the_smoke_tier_compares_what_each_route_changes_when_retrieve_leaves_it_alone() -> None:
+    """Without the change, each program passes, its state compared as the route needs."""
+    for route, (source, _, compared) in HIDDEN_ROUTES.items():
+        calm = (
+            source.replace("self.log.note(text)", "len(text)")
+            .replace("self.keep(self.log, query.text)", "self.log.seen.count(query.text)")
+            .replace("if tally(SEEN, 'asked') > 1:", "if len(SEEN) > 1:")
+        )
+        smoke = check_program(calm, "calm.py").tiers[2]
+        assert smoke.passed and smoke.details["state_compared"] == compared, (route, smoke)
 
 
 def test_the_smoke_tier_compares_the_state_of_a_retrieve_that_leaves_it_alone() -> None:

@@ -56,6 +56,8 @@ from sandbox import barrier
 from sandbox import check as sandbox_check
 from sandbox.check import CheckReport, check_program
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
+from sandbox.probe import BackendShape, ProbeBackend
+from sandbox.tiers import TierError, smoke_tier
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = sorted((REPO / "seeds").glob("[!_]*.py"))  # not __init__.py
@@ -787,11 +789,12 @@ def test_escaped_code_is_contained_by_the_host(
     source = _render(case, sentinel, pwned, listener.port)
     before, children = _snapshot(), _children()
     outcome = "no failure"
-    with Host(Limits(cpu_seconds=30, call_seconds=20.0)) as host:
+    limits = Limits(cpu_seconds=30, call_seconds=20.0)
+    with Host(limits, serve=ProbeBackend().serve) as host:
         try:
             host.call("load", {"source": source, "path": "escape.py"})
-            host.call("smoke")
-        except (ProgramFailure, HostFailure) as exc:
+            smoke_tier(host, BackendShape(), 20.0, seed=0)
+        except (ProgramFailure, HostFailure, TierError) as exc:
             outcome = str(exc)
     written = [p for p in (str(sentinel), pwned) if os.path.lexists(p)]
     for path in written:

@@ -17,7 +17,8 @@ from test_sandbox_hostile import ESCAPE, QUADRATIC_INDEX, QUADRATIC_INIT, dense
 from sandbox import wire
 from sandbox.check import CHECK_LIMITS, _probe_tier, check_program
 from sandbox.isolate import Host, HostFailure, ProgramFailure
-from sandbox.probe import ProbeBackend
+from sandbox.probe import BackendShape, ProbeBackend
+from sandbox.tiers import TierError, smoke_tier
 
 # Every clock a program could reach in the host reads zero: the host's own modules' bound
 # clocks included. The probe must still see the quadratic work.
@@ -66,11 +67,11 @@ _write(1, (2).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"{}" + (400 << 20).
 
 def test_a_forged_frame_is_refused_from_its_length_not_read() -> None:
     source = dense(retrieve=FORGED_FRAME, top=ESCAPE)
-    with Host(CHECK_LIMITS) as host:
+    with Host(CHECK_LIMITS, serve=ProbeBackend().serve) as host:
         host.call("load", {"source": source, "path": "forge.py"})
         start = time.monotonic()
         with pytest.raises(HostFailure, match="protocol"):
-            host.call("smoke")
+            smoke_tier(host, BackendShape(), 20.0, seed=0)
         assert time.monotonic() - start < 5
 
 
@@ -110,7 +111,7 @@ def test_a_str_subclass_cannot_lie_about_its_length() -> None:
 
 def test_evaluation_refuses_a_str_subclass_too() -> None:
     source = dense(top=ESCAPE + LYING_STR, retrieve='return Short("x" * 20000)')
-    with Host(CHECK_LIMITS) as host:
+    with Host(CHECK_LIMITS, serve=ProbeBackend().serve) as host:
         host.call("load", {"source": source, "path": "lying.py"})
-        with pytest.raises(ProgramFailure, match="must return str"):
-            host.call("smoke")
+        with pytest.raises((ProgramFailure, TierError), match="must return str"):
+            smoke_tier(host, BackendShape(), 20.0, seed=0)

@@ -26,9 +26,11 @@ def scripted_runs(cost: Cost, slowed: Callable[[int], bool]) -> Callable[..., di
     """A stand-in for a measured probe run: ``cost(units)`` CPU seconds, times the load factor
     on the runs ``slowed(units)`` picks."""
 
-    def run(n_units: int, n_batches: int) -> dict[str, float]:
+    def run(n_units: int) -> dict[str, float]:
         factor = probe.LOAD_TOLERANCE if slowed(n_units) else 1.0
-        return {"cpu_s": cost(n_units) * factor, "embed_calls": n_batches + 2, "texts": n_units}
+        sessions = n_units // 20
+        return {"cpu_s": cost(n_units) * factor, "sessions": sessions,
+                "embed_calls": sessions + 2, "texts": n_units + 2}  # fmt: skip
 
     return run
 
@@ -71,6 +73,28 @@ def test_a_verdict_just_under_the_limit_is_measured_again():
     with pytest.raises(probe.ProbeFailure, match="super-linear work: .* by 3.5"):
         probe.judge(run)
     assert seen[FULL // probe.GROWTH_SIZES] >= 2
+
+
+def counted_runs(sessions: Callable[[int], int], texts: Cost) -> probe.Run:
+    """Cheap linear CPU, one embed call per session (and per query), ``texts(units)`` texts."""
+
+    def run(n_units: int) -> dict[str, float]:
+        made = sessions(n_units)
+        return {"cpu_s": 0.1 * n_units / FULL, "sessions": made, "embed_calls": made + 2,
+                "texts": texts(n_units)}  # fmt: skip
+
+    return run
+
+
+def test_backend_calls_are_judged_per_session_and_texts_per_unit() -> None:
+    """Sessions come in random sizes, so a quarter of the units may hold more than a quarter of
+    the sessions: one call per session passes however many there are. Embedding every unit
+    indexed so far again at each session (texts growing with the square of the units) fails."""
+    more_at_full = counted_runs(lambda n: n // 25 if n < FULL else n // 18, lambda n: n + 2)
+    assert probe.judge(more_at_full)["full"]["sessions"] == FULL // 18
+    again = counted_runs(lambda n: n // 20, lambda n: (n // 20) * (n // 40) * 20)
+    with pytest.raises(probe.ProbeFailure, match="super-linear embedding"):
+        probe.judge(again)
 
 
 # Two programs doing the same work per comparison and about the same work at full size: LINEAR

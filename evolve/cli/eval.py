@@ -288,6 +288,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sandbox.check import check_program
+    from sandbox.printable import printable  # a program's text: no terminal control, no markup
 
     parent = read_program(args.parent, "parent program") if args.parent else None
     report = check_program(read_program(args.file), str(args.file), parent)
@@ -298,15 +299,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     for column in ("tier", "result", "seconds", "first error"):
         table.add_column(column)
     for t in report.tiers:
-        error = f"{t.rule}: {t.error}" if t.error else ""
+        error = escape(printable(f"{t.rule}: {t.error}")) if t.error else ""
         verdict = "[green]pass[/]" if t.passed else "[red]FAIL[/]"
         table.add_row(f"{t.tier} {t.name}", verdict, f"{t.seconds:.2f}", error)
     out.print(table)
     if report.isolation:
         out.print("isolation: " + ", ".join(f"{k} {v}" for k, v in report.isolation.items()))
-    out.print(
-        "[green]passed[/]" if report.passed else f"[red]{report.repair_text()}[/]", highlight=False
-    )
+    repair = escape(printable(report.repair_text()))
+    out.print("[green]passed[/]" if report.passed else f"[red]{repair}[/]", highlight=False)
     return 0 if report.passed else 1
 
 

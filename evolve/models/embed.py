@@ -1,4 +1,4 @@
-"""Sentence embeddings: all-MiniLM-L6-v2 on CPU, with an on-disk cache shared across processes.
+"""Sentence embeddings: all-MiniLM-L6-v2 on CPU, with an on-disk cache processes can share.
 
 MiniLM runs in bf16 (torch CPU autocast) where the CPU has native bf16 arithmetic, else in
 fp32 (:func:`precision`; ``PRISMEM_EMBED_PRECISION`` chooses): bf16 vectors stay within
@@ -26,6 +26,12 @@ Invariants:
   is never served (:func:`embedding_version`). Only the cache file is ever written.
 - :func:`library_versions` is the one reading of installed versions; the pipeline
   version (:func:`evolve.session.pipeline_version`) uses it too.
+- **Tenants apart.** Two instances share no cache but a cache file they are both given: an
+  instance's cache hits come from its own calls or its file's (the model's weights, shared by
+  every Embedder of the process, hold no text). The runtime gives each user (scope) an
+  instance and a file of their own (:mod:`evolve.runtime.scopes`), so the time a program
+  measures for a text tells it nothing of what another user's memory embedded; an evaluation
+  uses one instance per process (:func:`evolve.evalsetup.make_embedder`).
 - A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
   a miss, encoded again and overwritten (counted in ``stats.invalid``); a file SQLite calls
   corrupt is moved aside to ``<name>.corrupt-<time>`` (:func:`evolve.models.set_aside`), said
@@ -298,32 +304,56 @@ class HashingEmbedder(Embedder):
 
     Lower-cased word tokens and their character trigrams (with ``#`` word boundaries) are
     hashed (blake2b, so stable across processes) into ``dim`` signed buckets, then the row is
-    L2-normalised; a text without tokens stays the zero vector. A word's buckets are hashed once
-    per process (an LRU cache), so encoding is one vectorised add per text, and a text's row is
-    kept too (an LRU cache of read-only rows: diagnostics and scoring embed the same unit texts
-    for many questions, and without a cache file every call would encode them again). It
-    never loads a model. It is for tests and explicit offline smoke runs only: callers must
-    select it by name and say so.
+    L2-normalised; a text without tokens stays the zero vector. Each instance keeps two LRU
+    caches of its own: a word's buckets (at most :attr:`words_cached`), so encoding is one
+    vectorised add per text, and a text's read-only row (at most :attr:`rows_cached`:
+    diagnostics and scoring embed the same unit texts for many questions, and without a cache
+    file every call would encode them again). It never loads a model. It is for tests and
+    explicit offline smoke runs only: callers must select it by name and say so.
     """
+
+    rows_cached: int = 1 << 15
+    words_cached: int = 1 << 17
 
     def __init__(self, dim: int = 384, cache_path: str | Path | None = None) -> None:
         super().__init__(cache_path)
         self.dim = dim
         self.name = f"hashing-{dim}"
+        self._memos()
+
+    def _memos(self) -> None:
+        """This instance's caches (see the class docstring), empty."""
+        words = functools.lru_cache(maxsize=self.words_cached)(
+            functools.partial(_word_features, dim=self.dim)
+        )
+        self._row = functools.lru_cache(maxsize=self.rows_cached)(
+            functools.partial(_hashed_row, dim=self.dim, features=words)
+        )
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([_hashed_row(text, self.dim) for text in texts])
+        return np.stack([self._row(text) for text in texts])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        del state["_row"]  # a cache: the copy starts its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._memos()
 
 
-@functools.lru_cache(maxsize=1 << 15)
-def _hashed_row(text: str, dim: int) -> np.ndarray:
-    """One text's L2-normalised row (read-only: the cache hands the same array out again)."""
+def _hashed_row(
+    text: str, dim: int, features: Callable[[str], tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
+    """One text's L2-normalised row, read-only (a cache hands the same array out again);
+    ``features(word)``: :func:`_word_features` of the word."""
     row = np.zeros(dim, dtype=np.float32)
     counts = Counter(_TOKEN.findall(text.lower()))
     if counts:
-        parts = [(*_word_features(word, dim), n) for word, n in counts.items()]
+        parts = [(*features(word), n) for word, n in counts.items()]
         buckets = np.concatenate([b for b, _, _ in parts])
         weights = np.concatenate([signs * n for _, signs, n in parts])
         np.add.at(row, buckets, weights)
@@ -334,7 +364,6 @@ def _hashed_row(text: str, dim: int) -> np.ndarray:
     return row
 
 
-@functools.lru_cache(maxsize=1 << 17)
 def _word_features(word: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """The (bucket, sign) pairs of one word's features: the word and its boundary trigrams."""
     padded = f"#{word}#"

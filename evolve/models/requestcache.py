@@ -11,6 +11,10 @@ Invariants:
   same request to the same server, never a secret. Prompts are not stored, only their hash.
 - Only successful replies are stored: text, token counts and the model that answered (no
   price: a hit costs nothing). A reply found unusable afterwards is removed again.
+- A hit is fast and a miss waits for the model, so whoever can time a call through a cache
+  learns whether that request was made before: a cache file is shared only by callers who may
+  know each other's requests (one run's evaluations); the runtime gives each user (scope) a
+  file of their own (:mod:`evolve.runtime.store`).
 - Every access is one transaction (:func:`evolve.models.cache_transaction`: a corrupt file is
   set aside and replaced by a fresh one). A cache with no path holds nothing.
 """

@@ -18,6 +18,11 @@ Invariants:
 - **The program is checked and confined.** It must pass the sandbox check
   (:func:`sandbox.check.check_program`) before it runs; it runs only in confined hosts, one per
   user (:mod:`.scopes`).
+- **Users share no cache.** Each user's pipelines get an embedder and a task-model client of
+  that user's own (``make_embedder(..., own=True)``, ``make_llm(config, <the user's folder>)``),
+  their caches in the user's scope folder (:mod:`.store`); the call log, the limit on requests
+  in flight and the breaker are ``config``'s, one for the runtime. The caches an earlier
+  version shared between users (``<store>/cache/``) are not used, and said once.
 - **Said once, never silent.** With no task model the runtime uses the offline stand-ins (one
   unit per message, the question as the query, no answer) and says so in one line; when the
   program is an export whose header records another mode, task model, embedder, precision or
@@ -60,6 +65,7 @@ from evolve.runtime.store import Deployment, Store, StoreError
 from evolve.session import pipeline_version
 from sandbox.check import check_program
 from sandbox.isolate import HostFailure, ProgramFailure
+from sandbox.probe import BackendShape
 
 MAX_LIVE = 8  # confined hosts kept started (one per user)
 SNAPSHOT_EVERY = 64  # sessions added to a memory between two snapshots of it
@@ -110,7 +116,8 @@ def open_memory(
     if min(max_live, read_hosts, snapshot_every) < 1 or read_hosts > max_live:
         raise AgentMemoryError("max_live, read_hosts and snapshot_every are at least 1, and "
                                "read_hosts at most max_live")  # fmt: skip
-    report = check_program(source, str(path))
+    shape = BackendShape(max_complete_calls=config.max_complete_calls)  # as the hosts will run
+    report = check_program(source, str(path), backend=shape)
     if report.program is None:
         raise AgentMemoryError(f"{path} does not pass the sandbox: {report.repair_text()}")
     return AgentMemory(report.program.source, str(path), report.program.digest, root, config,
@@ -155,11 +162,18 @@ class AgentMemory:
                 notice(f"runtime: store {root} switched to this program from "
                        f"{self.store.switched_from[:12]}: memories are rebuilt from the logs "
                        "(the previous program stays in the store to roll back to)")  # fmt: skip
-            self._llm = make_llm(config)
-            self._embedder = make_embedder(config.embedder, config.cache_dir)
+            if self.store.shared_caches:
+                notice(f"runtime: {', '.join(str(p) for p in self.store.shared_caches)}: caches "
+                       "an earlier version shared between users, no longer used (each user's "
+                       "are in their scope folder); they hold every user's text: delete them "
+                       "to forget it")  # fmt: skip
 
-            def pipeline() -> Pipeline:
-                return Pipeline(source, path, llm=self._llm, embedder=self._embedder,
+            def pipeline(user: str) -> Pipeline:
+                """A pipeline of ``user``'s own: its embedder and task-model client keep their
+                caches in the user's folder (:mod:`.scopes`, "no channel through a cache")."""
+                folder = str(self.store.cache_dir(user))
+                embedder = make_embedder(config.embedder, folder, own=True)
+                return Pipeline(source, path, llm=make_llm(config, folder), embedder=embedder,
                                 call_prefix=config.call_prefix,
                                 max_complete_calls=config.max_complete_calls,
                                 call_timeout=config.call_timeout,
@@ -201,7 +215,7 @@ class AgentMemory:
     def answer(self, question: str, *, user: str, date: str | None = None) -> str:
         """The task model's answer to ``question`` from its context, under the program's
         answer instruction."""
-        if self._llm is None:
+        if self.config.task_model is None:
             raise AgentMemoryError("answer() needs a task model (open_memory(..., model=...))")
         question = _text(question, "question")
 

@@ -10,6 +10,13 @@ Invariants:
   closed when it is evicted, and its next use starts new ones. Program code is hostile and its
   module globals live as long as its host, so this is what keeps one user's text from another's
   context, whatever the program does.
+- **No channel through a cache.** A program can time whatever it asks for, so a cache hit on a
+  text another user's memory embedded (or a prompt another user's program sent) would tell it
+  that text. Each pipeline is made for its scope (``make_pipeline(user)``) with an embedder and
+  a task-model client of the scope's own, whose caches (in memory and in the scope's folder)
+  hold the scope's requests only: another user's texts are misses, and no user's use evicts
+  another's entries. What the scopes do share (the process, the model's weights, the task
+  model's limit on requests in flight, the CPU, the pool of hosts) holds no user's text.
 - **Writes serialised, reads concurrent.** Each scope has a readers-writer lock
   (:mod:`.rwlock`). A write (``add``, snapshot, eviction, close) holds it alone; reads
   (``context``, ``answer``, ``history``) hold it together, so the task model's planning and
@@ -94,7 +101,7 @@ class Scopes:
     def __init__(
         self,
         store: Store,
-        make_pipeline: Callable[[], Pipeline],
+        make_pipeline: Callable[[str], Pipeline],
         *,
         max_live: int,
         snapshot_every: int,
@@ -223,7 +230,7 @@ class Scopes:
     def _start(self, user: str, log: SessionLog) -> tuple[Live, int]:
         """A new host holding the newest snapshot plus the log's later sessions; with the
         sessions that snapshot holds (0: none was restored)."""
-        pipeline = self.make_pipeline()
+        pipeline = self.make_pipeline(user)
         try:
             found = self.store.snapshot(user, len(log))
             live = Live(pipeline, 0)

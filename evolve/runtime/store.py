@@ -1,4 +1,5 @@
-"""The store folder a user owns: which programs ran over it, each scope's log and snapshots.
+"""The store folder a user owns: which programs ran over it, each scope's log, snapshots and
+caches.
 
 Owns the folder's layout, :class:`Deployment` (what a memory is built with) and
 :class:`Store`::
@@ -7,9 +8,23 @@ Owns the folder's layout, :class:`Deployment` (what a memory is built with) and
     <store>/programs/<sha256>.py           each program's source, to roll back to
     <store>/scopes/<scope key>/log         the scope's session log (:mod:`.log`)
     <store>/scopes/<scope key>/<build>.<n>.state   a memory snapshot after n sessions
-    <store>/cache/                         the embedder's cache (MiniLM)
+    <store>/scopes/<scope key>/embeddings.sqlite   the scope's embedding cache (MiniLM)
+    <store>/scopes/<scope key>/llm-cache.sqlite    the scope's task-model replies
+    <store>/cache/llm-calls.sqlite         the task model's call log (every scope's calls)
+    <store>/lock                           held by the process that has the store open
 
 Invariants:
+
+- **A user's text is in their scope's folder only.** The log, the snapshots and both caches
+  hold the user's text or what was computed from it; ``<store>/cache/`` holds no text (the
+  call log has one row per call: its purpose, tokens, time, the sha256 of the request, and an
+  error's message), and ``manifest.json`` and ``programs/`` none of any user. Deleting a
+  scope's folder while the store is closed forgets that user. Caches are per scope so that no
+  program can learn another user's text from a cache hit (:mod:`.scopes`).
+- **Earlier shared caches are left alone.** A store made when one embedding cache and one
+  reply cache served every scope still has them as ``<store>/cache/embeddings.sqlite`` and
+  ``llm-cache.sqlite``: they are never read or written again (:attr:`Store.shared_caches`
+  names them, so the runtime can say they hold every user's text).
 
 - **The log is the truth, a snapshot a shortcut.** A snapshot is the bytes the program's host
   dumped (:mod:`contract.state`; never unpickled here), named by the deployment's build key
@@ -48,6 +63,7 @@ from evolve.files import write_atomic
 from evolve.runtime.log import SessionLog
 
 FORMAT = 1
+SHARED_CACHES = ("embeddings.sqlite", "llm-cache.sqlite")  # <store>/cache/ of earlier versions
 _SNAPSHOT = re.compile(r"^(?P<build>[0-9a-f]{24})\.(?P<n>\d+)\.state$")
 
 
@@ -94,6 +110,9 @@ class Store:
         self.deployment = deployment
         self.build = deployment.key()
         self.switched_from: str | None = None  # the program active before this open, if other
+        # caches an earlier runtime shared between scopes (never used now; see the invariants)
+        self.shared_caches = [root / "cache" / name for name in SHARED_CACHES
+                              if (root / "cache" / name).exists()]  # fmt: skip
         try:
             root.mkdir(parents=True, exist_ok=True)
             (root / "scopes").mkdir(exist_ok=True)
@@ -158,6 +177,12 @@ class Store:
 
     def scope_dir(self, scope: str) -> Path:
         return self.root / "scopes" / scope_key(scope)
+
+    def cache_dir(self, scope: str) -> Path:
+        """The scope's folder, created if need be: its embedding and reply caches go in it."""
+        folder = self.scope_dir(scope)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def open_log(self, scope: str) -> SessionLog:
         log, _ = SessionLog.open(self.scope_dir(scope) / "log")
