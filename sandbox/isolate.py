@@ -25,7 +25,8 @@ Invariants:
   request's own data is not held to that cap: the caller names how many characters of
   embedding the request may ask for (``embed_chars``, e.g. a few times the text of the session
   it indexes), and the time of embed requests within that volume moves the deadline in full,
-  however slow the machine; beyond it, the cap applies. The work a program can make the
+  however slow the machine (each call counted as at least :data:`EMBED_CALL_CHARS`, so many
+  tiny calls use the volume up); beyond it, the cap applies. The work a program can make the
   optimizer do stays bounded by the data it was given.
 - Every frame the host sends is bounded by its kind, which the frame declares in its length
   prefix (:mod:`sandbox.wire`), checked before any of it is read: an answer (``result``) by
@@ -129,6 +130,9 @@ PROGRAM_RULES = ("contract", "exception", "smoke", "probe")  # the rules an erro
 
 
 BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this × its timeout
+# An embed call counts as at least this many characters of the request's own data: a call's
+# overhead is not volume, so many tiny calls cannot keep moving the deadline in full.
+EMBED_CALL_CHARS = 512
 GRACE_SECONDS = 2.0  # the most a request may outlast its deadline (killing, reaping the host)
 
 _MIB = 1 << 20
@@ -299,8 +303,9 @@ class Host:
                 else:
                     answer, answer_blobs = self._serve(header, got, budget.reply_bytes)
                 took = time.monotonic() - began
-                if 0 < chars <= embed_chars:  # the request's own data: its time in full
-                    embed_chars -= chars
+                charged = max(chars, EMBED_CALL_CHARS) if chars > 0 else 0
+                if 0 < charged <= embed_chars:  # the request's own data: its time in full
+                    embed_chars -= charged
                 else:
                     took = min(took, extension)
                     extension -= took

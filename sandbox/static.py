@@ -15,6 +15,9 @@ Invariants:
   worker process (resource limits, hard kill, no network, scratch-only writes).
 
 Rejected, and why:
+- Control and bidirectional-format characters anywhere in the source (ESC, BEL, U+202E, ...;
+  rule ``control-character``): ``evolve show`` and ``diff`` print a program's source, and such
+  a character would steer the operator's terminal or reorder what a reviewer reads.
 - Imports outside :data:`ALLOWED_IMPORTS` (numerics, text); relative, star and private imports;
   corners of allowed packages that do I/O or run code (:data:`FORBIDDEN_MODULES`, and any
   submodule with a part named like a forbidden attribute).
@@ -166,7 +169,7 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
         problem = f"the source cannot be parsed ({type(exc).__name__})"
         fix = "remove null bytes and very deeply nested expressions"
         return [Finding("syntax", _say(problem, None, fix), None)]
-    findings: list[Finding] = []
+    findings: list[Finding] = list(_control_characters(source))
     if parent_source is not None and _unchanged(source, tree, parent_source):
         problem = "the program is unchanged from its parent (at most comments or layout differ)"
         fix = "a patched candidate must differ from its parent; make the intended change"
@@ -178,6 +181,24 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
     findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
     findings += _Checker(tree, selves).run()
     return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
+
+
+# Characters that steer a terminal or reorder what a reader sees (ESC, BEL, bidi overrides):
+# a program's source is printed by `evolve show` and `diff`, so none may appear in it.
+_CONTROL = re.compile(
+    "[\x00-\x08\x0b\x0d-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
+
+
+def _control_characters(source: str) -> Iterator[Finding]:
+    """One finding per line holding a control or bidirectional-format character (a carriage
+    return only before its line's end: CRLF files are fine)."""
+    for number, text in enumerate(source.split("\n"), 1):
+        text = text.removesuffix("\r")
+        if found := _CONTROL.search(text):
+            problem = f"control character U+{ord(found.group()):04X} in the source"
+            fix = "remove it; write escapes such as '\\x1b' in strings if you need one"
+            yield Finding("control-character", _say(problem, number, fix), number)
 
 
 def _say(problem: str, line: int | None, fix: str) -> str:

@@ -25,7 +25,9 @@ at most) and a frame is refused whose JSON holds more than :func:`max_items` val
 ``,``, ``:``, ``[`` and ``{`` outside strings starts one; one item for the whole) for the
 bytes it was allowed, or nests deeper than :data:`MAX_DEPTH`. A value costs ``json.loads`` at
 most about 100 bytes and a character of a string at most 4, so decoding a frame allowed A
-bytes allocates at most about 3 A + 4 × its JSON's bytes, however the JSON is shaped.
+bytes allocates at most about 3 A + 4 × its JSON's bytes, however the JSON is shaped. The JSON
+is UTF-8 and decoded as such (invalid UTF-8 is malformed): ``json.loads`` given bytes would
+detect UTF-16 or UTF-32, whose code units hide quotes from a byte scan.
 
 The functions used are bound at import, before any program runs in the host, so a program that
 patched ``json`` could not rewrite the host's frames.
@@ -150,8 +152,8 @@ def read_frame(
     if deepest > MAX_DEPTH:
         raise WireError(f"JSON nested deeper than {MAX_DEPTH} ({deepest} levels)")
     left -= n_json
-    try:
-        header = _loads(data)
+    try:  # as UTF-8 only: json.loads(bytes) would detect UTF-16/32, whose quotes the scan missed
+        header = _loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise WireError(f"malformed frame: {type(exc).__name__}") from None
     del data

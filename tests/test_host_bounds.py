@@ -3,7 +3,7 @@
 The program in each host here reached the interpreter's real builtins (the ``ESCAPE`` of
 ``test_sandbox_hostile``, loaded straight into a host, no tier 1): it writes what it likes to
 the frame pipe and stops reading its input. Whatever it does, a request ends within its
-deadline plus 2 s, the optimizer's peak memory (``ru_maxrss`` of a fresh optimizer process)
+deadline plus 2 s, the optimizer's peak memory (``VmHWM`` of a fresh optimizer process)
 stays under 1 GiB, backend requests over the request's budget are refused, and no terminal
 control character it wrote reaches the optimizer's messages.
 """
@@ -115,7 +115,7 @@ def test_a_host_that_stops_reading_cannot_hold_the_optimizer_past_the_deadline()
 
 # A fresh optimizer process runs the calls against a host and reports its peak memory.
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from evolve.backend_service import BackendService
 from evolve.models.embed import HashingEmbedder
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
@@ -130,7 +130,9 @@ with Host(Limits(cpu_seconds=30, call_seconds=20.0), serve=serve) as host:
             host.call(op, payload, timeout=20.0)
     except (HostFailure, ProgramFailure) as exc:
         outcome = f"{type(exc).__name__}: {exc}"
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, this process's own peak: ru_maxrss would carry the forking test worker's RSS over exec
+status = open("/proc/self/status").read()
+rss = int(status.split("VmHWM:")[1].split()[0]) * 1024
 print(json.dumps({"outcome": outcome, "rss": rss, "seconds": time.monotonic() - began}))
 """
 

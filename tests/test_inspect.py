@@ -172,6 +172,20 @@ def test_show_bare_id_uses_the_newest_run(runs: Path, capsys: pytest.CaptureFixt
     assert "LEXICAL_WEIGHT" in out and RunStore.open(runs, RUN).get("c0002").id in out
 
 
+def test_show_and_diff_print_no_terminal_control_a_source_holds(
+    copy: RunStore, capsys: pytest.CaptureFixture[str]
+):
+    """A candidate that failed tier 1 may hold any character; show and diff print escapes."""
+    hostile = copy.source("c0001") + 'NOTE = "\x1b]0;pwned\x07\u202e"\n'
+    cid = add_variant(copy, hostile, ["c0001"], "evil \x1b[2J message")
+    runs = str(copy.root.parent)
+    for argv in (["show", f"{RUN}/{cid}"], ["diff", f"{RUN}/c0001", f"{RUN}/{cid}"]):
+        code, out, err = cli(capsys, *argv, "--runs-dir", runs)
+        assert code == 0, err
+        assert "pwned" in out and not any(c in out for c in "\x07\u202e"), argv
+        assert "\x1b]" not in out and "\x1b[2J" not in out, argv
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [

@@ -69,6 +69,11 @@ def test_workers_die_with_a_killed_evaluation(data_dir: Path, tmp_path: Path):
         seen |= descendants(main.pid)
         os.kill(main.pid, signal.SIGKILL)
         main.wait()
+        hosts = {p for p in seen if b"sandbox.host" in _cmdline(p)}
+        deadline = time.monotonic() + 2  # hosts and reapers: within 2 s (issue 40)
+        while alive(hosts) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(hosts), f"{len(alive(hosts))} sandbox hosts outlived it by 2 s"
         deadline = time.monotonic() + 20
         while alive(seen) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -46,6 +46,7 @@ from evolve.evolution.store import (
 )
 from evolve.models.usage import fault_text
 from evolve.scoring import fmt_score
+from sandbox.printable import printable
 
 CANDIDATE_HELP = (
     "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "
@@ -305,6 +306,12 @@ def cmd_programs(args: argparse.Namespace) -> int:
 # --- show, diff, lineage ------------------------------------------------------------------
 
 
+def _shown(source: str) -> str:
+    """A candidate's source as a terminal may show it: control characters (a source that
+    failed tier 1 may hold any) as escapes, line by line."""
+    return "\n".join(printable(line, len(line) * 6 + 1) for line in source.split("\n"))
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     store, meta = resolve(args.runs_dir, args.candidate, args.run)
     source = store.source(meta.id)
@@ -328,9 +335,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("created", summary.local_time(meta.created)),
         ("sha256", meta.source_sha256),
     ):
-        table.add_row(field, Text(str(value)))
+        table.add_row(field, Text(printable(str(value), 10_000)))
     out.print(table)
-    out.print(Syntax(source, "python", line_numbers=True, word_wrap=True))
+    out.print(Syntax(_shown(source), "python", line_numbers=True, word_wrap=True))
     return 0
 
 
@@ -339,8 +346,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     store_b, b = resolve(args.runs_dir, args.b, args.run, default=store_a)
     name_a, name_b = name(store_a, a), name(store_b, b)
     lines = difflib.unified_diff(
-        store_a.source(a.id).splitlines(),
-        store_b.source(b.id).splitlines(),
+        _shown(store_a.source(a.id)).split("\n"),
+        _shown(store_b.source(b.id)).split("\n"),
         fromfile=name_a,
         tofile=name_b,
         lineterm="",

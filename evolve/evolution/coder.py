@@ -48,6 +48,7 @@ from evolve.scoring import fmt_score
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Fitness
 from evolve.scoring.retrieval import METRICS
+from sandbox.printable import printable
 from sandbox.static import ALLOWED_IMPORTS
 
 MAX_TOKENS = 8_192  # default reply limit of a coder model: a reply may be a whole program
@@ -321,7 +322,8 @@ def apply_reply(base: str, reply: str) -> tuple[str, str]:
     if not message:
         rest = _FENCE.sub("", _BLOCK.sub("", reply))
         message = next((line.strip() for line in rest.splitlines() if line.strip()), "")
-    return source, f"coder: {' '.join(message.split())[:160] or 'unnamed change'}"
+    message = printable(" ".join(message.split()), 160)  # the model's words reach terminals
+    return source, f"coder: {message or 'unnamed change'}"
 
 
 def _apply_block(source: str, search: str, replace: str, n: int) -> str:
