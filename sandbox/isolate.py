@@ -157,26 +157,33 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def remove_tree(root: str) -> None:
     """Remove a dead host's scratch directory, folders it made unreadable or unwritable for
-    its own uid (``mkdir(name, 0o300)``) included: each is given mode 0700 and removed again."""
+    its own uid (``mkdir(name, 0o300)``) included: each is given mode 0700 and removed again.
+    Nothing outside ``root`` is ever touched, its parent included; a missing ``root`` is left
+    alone."""
+    if not os.path.isdir(root) or os.path.islink(root):
+        return
+    inside = root.rstrip(os.sep) + os.sep
+
+    def ours(path: str) -> bool:
+        return path.startswith(inside) and os.path.isdir(path) and not os.path.islink(path)
 
     def unlock(_function: Any, failed: str, _exc: Any) -> None:
         for folder in (os.path.dirname(failed), failed):
-            if os.path.isdir(folder) and not os.path.islink(folder):
+            if folder == root or ours(folder):
                 try:
                     os.chmod(folder, 0o700)
                 except OSError:
                     pass
-        if os.path.isdir(failed) and not os.path.islink(failed) and failed != root:
+        if ours(failed):
             remove_tree(failed)
-        else:
+        elif failed.startswith(inside):
             try:
                 os.unlink(failed)
             except OSError:
                 pass
 
     try:
-        if os.path.isdir(root) and not os.path.islink(root):
-            os.chmod(root, 0o700)
+        os.chmod(root, 0o700)
         shutil.rmtree(root, onerror=unlock)
     except (OSError, RecursionError):
         shutil.rmtree(root, ignore_errors=True)

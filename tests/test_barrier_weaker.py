@@ -31,6 +31,8 @@ from sandbox import barrier
 WEAKER = """
 import errno, os
 import pyseccomp as sc
+from sandbox import host as _host
+_host.warm_up()  # while root can read the checkout, wherever it is (the host's own order differs)
 if os.geteuid() == 0:  # an ordinary user: the owner of the scratch directory
     owner = os.stat(".").st_uid
     os.setgroups([])

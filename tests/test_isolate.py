@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import wire
+from sandbox.isolate import remove_tree
 
 HIGH = 1100  # the first descriptor the host's pipes may get
 
@@ -116,3 +117,21 @@ def test_what_strings_hold_is_not_counted_as_items_or_nesting() -> None:
     frame = _backend(texts)
     assert wire.json_cost(frame[8:]) == (1 + 1 + 3 + 2 + 1 + len(texts) - 1, 2)
     assert wire.read_frame(_recorder(frame)[1], bounds=BOUNDS)[0]["texts"] == texts
+
+
+def test_removing_a_scratch_directory_touches_nothing_outside_it(tmp_path: Path) -> None:
+    """Its parent keeps its mode when the directory is gone, or is removed a second time (a
+    host is killed, then closed), and unreadable folders inside it go too."""
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    scratch = parent / "scratch"
+    (scratch / "hidden").mkdir(parents=True)
+    (scratch / "hidden" / "left").write_text("x")
+    (scratch / "hidden").chmod(0o300)
+    for _ in range(2):
+        remove_tree(str(scratch))
+        assert not scratch.exists()
+        assert parent.stat().st_mode & 0o7777 == 0o1777
+    remove_tree(str(parent / "never-made"))
+    assert parent.stat().st_mode & 0o7777 == 0o1777

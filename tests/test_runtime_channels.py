@@ -33,34 +33,11 @@ from evolve.runtime.store import scope_key
 # Embeds every unit it indexes (and, with ASK, sends it to the task model); a query
 # ``probe:{"embed": [...], "complete": [...]}`` makes retrieve ask for each text in its own call
 # and return the seconds each call took, as the program measures them.
-PROBE = """
-import datetime
-import json
-from dataclasses import dataclass
-
-EXTRACTION_INSTRUCTION = "Write one unit per message."
-PLANNING_INSTRUCTION = "Use the question."
-ANSWER_INSTRUCTION = "Answer from the memories."
-ASK = False
-
-
-@dataclass
-class MemoryUnit:
-    content: str
-
-
-@dataclass
-class Query:
-    text: str
-
-
-class Memory:
-    def __init__(self, backend):
-        self.backend = backend
-        self.count = 0
-
-    def index(self, units, segment):
-        self.count += len(units)
+MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
+INDEX = """    def index(self, units, segment):
+        self.units.extend(units)
+"""
+PROBE_INDEX = """    def index(self, units, segment):
         self.backend.embed([u.content for u in units])
         for u in units:
             if ASK:
@@ -68,8 +45,10 @@ class Memory:
                     self.backend.complete("note: " + u.content)
                 except Exception:  # the sandbox's check has no task model
                     pass
-
-    def retrieve(self, query):
+"""
+RETRIEVE = """    def retrieve(self, query):
+        return "\\n".join(u.content for u in self.units)[:16000]"""
+PROBE_RETRIEVE = """    def retrieve(self, query):
         if not query.text.startswith("probe:"):
             return ""
         asked = json.loads(query.text[6:])
@@ -82,8 +61,11 @@ class Memory:
             began = datetime.datetime.now()
             self.backend.complete(prompt)
             spent.append((datetime.datetime.now() - began).total_seconds())
-        return json.dumps(spent)
-"""
+        return json.dumps(spent)"""
+PROBE = "import datetime\nimport json\n\nASK = False\n" + MINIMAL.replace(
+    INDEX, PROBE_INDEX
+).replace(RETRIEVE, PROBE_RETRIEVE)
+assert PROBE_INDEX in PROBE and PROBE_RETRIEVE in PROBE
 DELAY = 0.004  # seconds the slowed hashing double takes to encode one text (a miss)
 
 
