@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from zlib import crc32 as _crc32
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class ProbeBackend:
         )
         mean = rng.standard_normal(self.dim)
         self._mean = (mean * (MEAN_WEIGHT / np.linalg.norm(mean))).astype(np.float32)
-        self._salt = int(rng.integers(1 << 62))
+        self._salt = int(rng.integers(1 << 32))
 
     def serve(self, header: dict[str, Any], _: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
         method = header.get("method")
@@ -146,9 +147,10 @@ class ProbeBackend:
         salt = self._salt
         for i, text in enumerate(texts):
             words = {w for w in text.lower().split() if len(w) >= MIN_WORD}
-            keys = sorted({hash((salt, w)) for w in words})[:PICKS]
+            # crc32 seeded by the salt: stable across processes (hash() of a str is not)
+            keys = sorted({_crc32(w.encode(), salt) for w in words})[:PICKS]
             while len(keys) < PICKS:  # fewer words than picks
-                keys.append(hash((salt, text, len(keys))))
+                keys.append(_crc32(f"{len(keys)} {text}".encode(), salt))
             picks[i] = keys
         picks %= BANK_ROWS
         out = np.repeat(self._mean[None, :], len(texts), axis=0)
