@@ -118,7 +118,7 @@ def _by_reference(obj: Any) -> bool:
 
 
 class _StatePickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, program_module: str, backend: Any) -> None:
+    def __init__(self, file: io.BytesIO | _HashSink, program_module: str, backend: Any) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._program_module = program_module
         self._backend = backend
@@ -208,13 +208,8 @@ class _HashSink:
         return len(data)
 
 
-class _DigestPickler(pickle.Pickler):
+class _DigestPickler(_StatePickler):
     """:class:`_StatePickler`'s walk with nothing refused: what pickle cannot store is walked."""
-
-    def __init__(self, file: _HashSink, program_module: str, backend: Any) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._program_module = program_module
-        self._backend = backend
 
     def persistent_id(self, obj: Any) -> Any:
         if obj is self._backend:
