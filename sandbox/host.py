@@ -16,14 +16,15 @@ requests over stdin/stdout frames. Candidate modules get restricted builtins
 (:func:`restricted_builtins`): no ``open``/``exec``/``eval``/``compile``, and an ``__import__``
 that admits only the allow-listed modules of :mod:`sandbox.static`.
 
-Requests (``op``): ``load``, ``schema``, ``smoke``, ``probe_run`` (the sandbox tiers, see
-:mod:`sandbox.tiers` and :mod:`sandbox.probe`) and ``units``, ``query``, ``open``, ``add``,
-``dump``, ``index`` (open, add every session, dump), ``restore``, ``retrieve`` (evaluation; see
-:mod:`evolve.session`). Every answer is one frame of kind ``result`` or ``error``; while
-handling a request the host may send ``backend`` frames and waits for their answers. An
-``error`` frame carries ``type`` (the exception's class), ``error`` (one line for a model),
-``line`` (the program line it came from, or null) and ``rule`` (``contract``, the tier's name
-for a tier rule, or ``exception``), so nothing reads them back out of the text.
+Requests (``op``): ``load``, ``schema``, then evaluation's ``units``, ``query``, ``open``,
+``add``, ``dump`` (with ``state_chunk``), ``state_part``, ``restore`` and ``retrieve`` (see
+:mod:`sandbox.serve`); the sandbox's tiers 3 and 4 send the same requests
+(:mod:`sandbox.tiers`), so a program cannot tell a check from an evaluation by them. Every
+answer is one frame of kind ``result`` or ``error``; while handling a request the host may send
+``backend`` frames and waits for their answers. An ``error`` frame carries ``type`` (the
+exception's class), ``error`` (one line for a model), ``line`` (the program line it came from,
+or null) and ``rule`` (``contract`` for a rule a request enforces, or ``exception``), so
+nothing reads them back out of the text.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class ProgramFailure(Exception):
         )
 
 
-PROGRAM_RULES = ("contract", "exception", "smoke", "probe")  # the rules an error frame may name
+PROGRAM_RULES = ("contract", "exception")  # the rules an error frame may name (sandbox.serve)
 
 
 BACKEND_EXTENSION = 4.0  # backend time may extend a request's deadline by this × its timeout
