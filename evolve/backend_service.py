@@ -27,7 +27,7 @@ from typing import Any
 from contract.types import BackendError
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
-from sandbox.probe import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, OFFLINE_COMPLETE
+from sandbox.probe import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, OFFLINE_COMPLETE, embed_texts
 from sandbox.wire import pack_array
 
 __all__ = ["MAX_EMBED_TEXTS", "MAX_REPLY_BYTES", "BackendService"]
@@ -52,12 +52,7 @@ class BackendService:
     ) -> tuple[dict[str, Any], list[bytes]]:
         method = header.get("method")
         if method == "embed":
-            texts = header.get("texts")
-            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise TypeError("backend.embed takes a list of strings")
-            most = min(MAX_EMBED_TEXTS, MAX_REPLY_BYTES // (4 * self.embedder.dim))
-            if len(texts) > most:
-                raise ValueError(f"backend.embed: at most {most} texts per call")
+            texts = embed_texts(header, self.embedder.dim)
             meta, blob = pack_array(self.embedder.embed(texts))
             return {"array": meta}, [blob]
         if method == "complete":

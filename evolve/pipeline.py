@@ -59,6 +59,7 @@ from evolve.backend_service import BackendService
 from evolve.fanout import WallClock, ordered_map
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
+from sandbox.budget import add_embed_chars
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 from sandbox.printable import printable
 from sandbox.static import imported_modules
@@ -69,10 +70,6 @@ Records = list[dict[str, Any]] | None  # the task model's unit records for a ses
 HOST_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
 ADD_SECONDS = 120.0  # one add: this much plus ...
 ADD_SECONDS_PER_UNIT = 0.25  # ... this much per unit (the default of Pipeline.add's timeout)
-# The embedding an add may ask for with its time not capped (sandbox.isolate): this many times
-# the characters of the session's messages and units (chunks overlap, texts are embedded in
-# several forms); however slow the machine, embedding them never times an add out.
-ADD_EMBED_VOLUME = 4
 
 
 @dataclass(frozen=True)
@@ -277,10 +274,9 @@ class Pipeline:
         default deadline is ADD_SECONDS plus ADD_SECONDS_PER_UNIT per unit."""
         if timeout is None:
             timeout = ADD_SECONDS + ADD_SECONDS_PER_UNIT * len(units)
-        given = sum(len(m.content) for m in segment.messages)
-        given += sum(len(v) for u in units for v in u.values() if isinstance(v, str))
+        volume = add_embed_chars((m.content for m in segment.messages), units)
         self.call("add", {"segment": asdict(segment), "units": units}, timeout=timeout,
-                  embed_chars=ADD_EMBED_VOLUME * given)  # fmt: skip
+                  embed_chars=volume)  # fmt: skip
 
     def dump(self) -> StateDump:
         """The live memory's state (:mod:`contract.state` bytes), fetched chunk by chunk, or

@@ -13,11 +13,25 @@ by the data it was given.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 _MIB = 1 << 20
 OVER_BUDGET = "over the request's backend budget"
+# How much embedding an ``add`` may ask for in full time: this many times the characters of the
+# session's messages and units (chunks overlap, texts are embedded in several forms); however
+# slow the machine, embedding them never times an add out.
+ADD_EMBED_VOLUME = 4
+
+
+def add_embed_chars(contents: Iterable[str], units: Iterable[dict[str, Any]]) -> int:
+    """The ``embed_chars`` of an ``add`` request (evaluation's and the tiers' alike): the
+    session's message ``contents`` and its units' string fields, times
+    :data:`ADD_EMBED_VOLUME`."""
+    given = sum(len(c) for c in contents)
+    given += sum(len(v) for u in units for v in u.values() if isinstance(v, str))
+    return ADD_EMBED_VOLUME * given
 
 
 @dataclass(frozen=True)

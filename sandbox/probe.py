@@ -81,6 +81,19 @@ MEAN_WEIGHT = 0.55  # the shared direction's weight against the bank rows' unit 
 SPECTRUM = (2.0, 0.5)  # component i of the spread has scale (offset + i) ** -power
 
 
+def embed_texts(header: dict[str, Any], dim: int) -> list[str]:
+    """The texts of a backend ``embed`` request, refused as evaluation's backend service and
+    the tiers' backend both refuse it: not a list of strings, or more texts than
+    :data:`MAX_EMBED_TEXTS` or than rows of ``dim`` floats :data:`MAX_REPLY_BYTES` holds."""
+    texts = header.get("texts")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("backend.embed takes a list of strings")
+    most = min(MAX_EMBED_TEXTS, MAX_REPLY_BYTES // (4 * dim))
+    if len(texts) > most:
+        raise ValueError(f"backend.embed: at most {most} texts per call")
+    return texts
+
+
 class ProbeFailure(Exception):
     """The program failed the probe's rule; the message says which, for a model to repair."""
 
@@ -127,12 +140,7 @@ class ProbeBackend:
     def serve(self, header: dict[str, Any], _: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
         method = header.get("method")
         if method == "embed":
-            texts = header.get("texts")
-            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise TypeError("backend.embed takes a list of strings")
-            most = min(MAX_EMBED_TEXTS, MAX_REPLY_BYTES // (4 * self.dim))
-            if len(texts) > most:
-                raise ValueError(f"backend.embed: at most {most} texts per call")
+            texts = embed_texts(header, self.dim)
             self.embed_calls += 1
             self.texts += len(texts)
             meta, blob = pack_array(self.embed(texts))

@@ -4,7 +4,7 @@ Nothing of a tier runs in the host. The optimizer sends the requests an offline 
 sends (:class:`evolve.pipeline.Pipeline`): ``open`` with the evaluation's backend shape, per
 session ``units`` (offline stand-ins through the program's hook) then ``add``, per question
 ``query`` then ``retrieve``, and ``dump``; each ``add`` may embed as much as evaluation lets
-it (:data:`ADD_EMBED_VOLUME` times its text, the volume ``Pipeline.add`` names, which grows its
+it (:func:`sandbox.budget.add_embed_chars`, the volume ``Pipeline.add`` names, which grows its
 backend budget, :class:`sandbox.budget.BackendBudget`); the program meets the same code path,
 the same
 :class:`sandbox.serve.RemoteBackend` and the same backend answers (:class:`sandbox.probe.
@@ -58,12 +58,12 @@ from typing import Any
 
 from contract.spec import OUT_CHAR_BUDGET
 from contract.types import Message, Segment
+from sandbox.budget import add_embed_chars
 from sandbox.isolate import Host
 from sandbox.probe import BackendShape
 
 SMOKE_UNITS = 12
 SESSION_SIZES = (6, 30)  # messages per synthetic session (tests/test_cli.py relies on <= 30)
-ADD_EMBED_VOLUME = 4  # as evolve.pipeline.ADD_EMBED_VOLUME (tests/test_verdicts.py checks)
 
 
 class TierError(Exception):
@@ -215,11 +215,10 @@ class _Driver:
 
     def add(self, segment: dict[str, Any]) -> None:
         units, _ = self.call("units", {"segment": segment, "records": None})
-        given = sum(len(m["content"]) for m in segment["messages"])
-        given += sum(len(v) for u in units for v in u.values() if isinstance(v, str))
+        volume = add_embed_chars((m["content"] for m in segment["messages"]), units)
         payload = {"segment": segment, "units": units}
         self.host.call("add", payload, timeout=max(0.1, self.deadline - time.monotonic()),
-                       embed_chars=ADD_EMBED_VOLUME * given)  # fmt: skip
+                       embed_chars=volume)  # fmt: skip
 
     def ask(self, question: str, when: str | None) -> str:
         query, _ = self.call("query", {"question": question, "date": when, "record": None})

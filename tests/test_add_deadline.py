@@ -13,7 +13,8 @@ import pytest
 
 from contract.types import Message, Segment
 from evolve.models.embed import HashingEmbedder
-from evolve.pipeline import ADD_EMBED_VOLUME, Pipeline
+from evolve.pipeline import Pipeline
+from sandbox.budget import ADD_EMBED_VOLUME
 from sandbox.isolate import HostTimeout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from contract.types import BackendError, Message, Segment
 from evolve.backend_service import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, BackendService
 from evolve.evalsetup import EvalSetup
 from evolve.models.embed import Embedder, HashingEmbedder
-from evolve.pipeline import ADD_EMBED_VOLUME, Pipeline
+from evolve.pipeline import Pipeline
 from sandbox import probe, tiers
 from sandbox.check import check_program
 from sandbox.isolate import ProgramFailure
@@ -30,7 +30,6 @@ MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text(
 def test_the_tiers_defaults_and_refusals_are_evaluations() -> None:
     assert probe.EVAL_DIM == Embedder.dim
     assert probe.EVAL_COMPLETE_CALLS == EvalSetup("", None).max_complete_calls
-    assert tiers.ADD_EMBED_VOLUME == ADD_EMBED_VOLUME
     assert (probe.MAX_EMBED_TEXTS, probe.MAX_REPLY_BYTES) == (MAX_EMBED_TEXTS, MAX_REPLY_BYTES)
     served, service = probe.ProbeBackend(seed=1), BackendService(HashingEmbedder(), None, "t", 8)
     for header in (
