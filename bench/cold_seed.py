@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from evolve.config import RunConfig
-from evolve.evalsetup import EvalSetup, make_embedder
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup, make_embedder
 from evolve.evolution.loop import task_set
-from evolve.executor import run_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,10 @@ runs folder, and records:
 - every trace line (``questions.jsonl``) and the run's ``report.json``, masked the same way;
 - the sha256 of every file of the cache (step outputs, ceilings, LLM responses and call log),
   by path, of its content with the timing fields masked (JSON bodies, SQLite rows);
-- for ``scripted``, the fake server's counts (requests, per-role calls).
+- for ``scripted``, the fake server's counts, and every logged model call (role, purpose,
+  request digest), cached or not. At concurrency 8, which of two equal requests in flight at
+  once was answered from the cache depends on timing: the cached-call counts, the tokens of
+  uncached calls and the server's request count are compared at concurrency 1 only.
 
 ``record`` writes one JSON file per combination; ``compare`` prints each difference between
 two recordings and exits 1 when there is one. Only the command line is used, so a recording
@@ -87,6 +90,34 @@ def _digests(root: Path) -> dict[str, str]:
             canonical = json.dumps(_content(path), sort_keys=True).encode()
             out[str(path.relative_to(root))] = hashlib.sha256(canonical).hexdigest()
     return out
+
+
+def _calls(path: Path) -> list[str]:
+    """Every logged model call as (role, purpose, request), sorted: what was asked, whether or
+    not a duplicate in flight at the same time was answered from the cache."""
+    if not path.exists():
+        return []
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT role, stage, request_hash, error FROM calls").fetchall()
+    return sorted(json.dumps(row) for row in rows)
+
+
+# At concurrency above 1, two equal requests (the judge's, mostly) may be in flight at once:
+# whether the second is answered from the cache depends on timing, so which calls were cached
+# and the tokens of uncached calls are compared at concurrency 1 only; ``calls`` (every call,
+# cached or not) is compared everywhere.
+IN_FLIGHT = re.compile(
+    r"(cached_calls|prompt_tokens|completion_tokens|cost_usd|requests"
+    r"|llm-calls\.sqlite)$"
+)
+
+
+def _unraced(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _unraced(v) for k, v in value.items() if not IN_FLIGHT.search(str(k))}
+    if isinstance(value, list):
+        return [_unraced(v) for v in value]
+    return value
 
 
 def _start_server() -> tuple[subprocess.Popen[str], str]:
@@ -168,6 +199,7 @@ def record_one(seed: str, mode: str, concurrency: int, data_dir: str, work: Path
     ]
     traces.sort(key=lambda t: str(t.get("id")))
     return {
+        "calls": _calls(cache / "llm-calls.sqlite"),
         "printed": _mask(json.loads(done.stdout)),
         "traces": traces,
         "report": _mask(json.loads((run_dirs[0] / "report.json").read_text())),
@@ -219,6 +251,8 @@ def compare(before: Path, after: Path, renames: list[str]) -> int:
         for rename in renames:
             old, new = rename.split("=", 1)
             a["cache"] = {re.sub(f"^{re.escape(old)}", new, k): v for k, v in a["cache"].items()}
+        if not name.endswith("-1.json"):
+            a, b = _unraced(a), _unraced(b)
         found: list[str] = []
         _diff(a, b, name, found)
         differences += found

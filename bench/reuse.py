@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
-from evolve.evalsetup import EvalSetup
-from evolve.executor import run_eval
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup
 
 ROOT = Path(__file__).resolve().parents[1]
 

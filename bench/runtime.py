@@ -44,7 +44,7 @@ from pathlib import Path
 import evolve
 from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
-from evolve.evalsetup import EvalSetup, make_embedder
+from evolve.evaluation.setup import EvalSetup, make_embedder
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS_PER_TOKEN = 4

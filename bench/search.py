@@ -29,12 +29,12 @@ from typing import Any
 from evolve.config import CHILDREN, RunConfig
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import make_embedder
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import make_embedder
 from evolve.evolution.cascade import saved_seconds
 from evolve.evolution.loop import Evolution, eval_setup
 from evolve.evolution.manifest import build_manifest
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import run_eval
 from evolve.resources import seed_file
 from evolve.scoring.coverage import CoverageScorer, ceiling
 

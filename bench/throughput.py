@@ -26,8 +26,8 @@ from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup
-from evolve.executor import EvalError, EvalReport, run_eval
+from evolve.evaluation.executor import EvalError, EvalReport, run_eval
+from evolve.evaluation.setup import EvalSetup
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
 from evolve.models.llm import LLMError, ModelConfig, Models

@@ -3,7 +3,8 @@
 :func:`dump_state` pickles an object's attributes with the program's classes and functions
 replaced by portable references (their module-level name) and the backend by a placeholder;
 :func:`load_state` rebinds them to the *current* program's namespace and backend. Runs inside
-the sandbox host only: the optimizer stores the bytes (:class:`evolve.stepcache.StepStore`)
+the sandbox host only: the optimizer stores the bytes
+(:class:`evolve.evaluation.stepcache.StepStore`)
 but never unpickles them. Every load returns a fresh object, so two memories never share
 mutable state.
 

@@ -1,7 +1,8 @@
 """Side-by-side evaluation of several memory programs on one split (``evolve compare``).
 
 Owns :data:`REFERENCE_PROGRAMS` and :func:`compare_programs`. Each program is evaluated with
-:func:`evolve.executor.run_eval` exactly as ``evolve eval`` would (same sandbox check, same
+:func:`evolve.evaluation.executor.run_eval` exactly as ``evolve eval`` would (same sandbox check,
+same
 step reuse, same scoring); the comparison adds what a user weighs against the scores: the
 context a program hands to the answer model (characters and estimated tokens per question) and
 how long ``retrieve()`` takes, and the coverage ceiling of the split (the same for every
@@ -23,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from evolve.datasets.types import CAPABILITIES, TaskSet
-from evolve.distributed import JobBackend
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.distributed import JobBackend
+from evolve.evaluation.executor import ProgressFn, run_eval
+from evolve.evaluation.setup import EvalSetup
 from evolve.evolution.archive import fitness
-from evolve.executor import ProgressFn, run_eval
 from evolve.models.llm import LLMClient
 from evolve.resources import seed_file
 from evolve.scoring.ceiling import KEY as CEILING_KEY

@@ -73,7 +73,7 @@ class RunConfig(BaseModel):
         default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
     )
     jobs: PositiveInt = 2
-    backend: Literal["local", "ray"] = "local"  # evolve.distributed
+    backend: Literal["local", "ray"] = "local"  # evolve.evaluation.distributed
     ray_address: str | None = None  # None: a local Ray instance
     rng_seed: int = 0
     embedder: Literal["minilm", "hashing"] = "minilm"

@@ -1,6 +1,7 @@
 """One question's trace through evaluation: what each step produced, its scores, its error.
 
-A :class:`QuestionTrace` is built by the worker (:mod:`evolve.session`: query, retrieval,
+A :class:`QuestionTrace` is built by the worker (:mod:`evolve.evaluation.conversation`: query,
+retrieval,
 answer, diagnostics, error), completed by the executor (question labels, scores, judge detail)
 and read by cases, diagnostics, the archive, comparison and the run's reports. It is written
 as one JSON object per line (``questions.jsonl`` of ``evolve eval``, the run store's
@@ -47,7 +48,7 @@ class QuestionTrace(BaseModel):
     # answering (None: offline, failed or not reached)
     answer: str | None = None
     error: str | None = None
-    # cold-start diagnostics (evolve.diagnostics), when asked for
+    # cold-start diagnostics (evolve.evaluation.diagnostics), when asked for
     diagnostics: dict[str, float] | None = None
     diagnostics_error: str | None = None
     # added by the executor when it scores the question

@@ -17,7 +17,7 @@ import.)
 They are sound only for programs that pass tier 1 (:mod:`sandbox.static` rejects the
 in-place changes at import the graph could not attribute), which is why the sandbox check
 hands them out with the checked program (:class:`sandbox.check.CheckedProgram`). The step
-cache keys of :mod:`evolve.stepcache` chain them.
+cache keys of :mod:`evolve.evaluation.stepcache` chain them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the optimizer answers its frames here, where the program cannot reach:
 - **The backend** (:class:`ProbeBackend`, the host's ``serve`` callback) has the evaluation's
   shape (:class:`BackendShape`: the embedder's dimension, 384 for MiniLM unless the caller says
   otherwise, and the task-LLM call budget) and answers as an offline evaluation's
-  :class:`evolve.backend_service.BackendService` does, refusals word for word: ``embed`` at
+  :class:`evolve.evaluation.backend.BackendService` does, refusals word for word: ``embed`` at
   most :data:`MAX_EMBED_TEXTS` strings and :data:`MAX_REPLY_BYTES` of rows, ``complete``
   refused with :data:`OFFLINE_COMPLETE`, any other method refused. Its rows are float32,
   L2-normalised, and drawn to have the statistics of MiniLM rows of a real conversation
@@ -66,8 +66,8 @@ LOAD_TOLERANCE = 1.7  # any single run may be this much slower (busy machine), v
 TEXTS_GROWTH = 2.0  # embedded texts may grow this much faster than the units, no more
 
 # What evaluation runs with by default (evolve.models.embed.Embedder.dim, all-MiniLM-L6-v2;
-# evolve.evalsetup.EvalSetup.max_complete_calls), and how its backend service refuses
-# (evolve.backend_service imports the last three; tests/test_verdicts.py checks the first two).
+# evolve.evaluation.setup.EvalSetup.max_complete_calls), and how its backend service refuses
+# (evolve.evaluation.backend imports the last three; tests/test_verdicts.py checks the first two).
 EVAL_DIM = 384
 EVAL_COMPLETE_CALLS = 8
 MAX_EMBED_TEXTS = 16_384
@@ -107,7 +107,8 @@ class BackendShape:
     max_complete_calls: int = EVAL_COMPLETE_CALLS
 
     def limits(self) -> dict[str, int]:
-        """The ``open``/``restore`` request's fields (as :class:`evolve.pipeline.Pipeline`)."""
+        """The ``open``/``restore`` request's fields (as
+        :class:`evolve.evaluation.pipeline.Pipeline`)."""
         return {"dim": self.dim, "max_complete_calls": self.max_complete_calls}
 
 

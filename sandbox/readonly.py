@@ -2,7 +2,8 @@
 
 Owns :func:`retrieve_mutations`, which returns :data:`sandbox.statefulness.Issue` tuples (rule
 ``retrieve-mutation``) that :mod:`sandbox.static` turns into findings. Retrievals are cached
-per (index state, query plan) (:mod:`evolve.stepcache`), and a stored memory is restored for
+per (index state, query plan) (:mod:`evolve.evaluation.stepcache`), and a stored memory is restored
+for
 every question, so a retrieve whose answer depends on the retrieves before it would be scored
 on what a cached or restored run never sees.
 

@@ -1,7 +1,8 @@
 """Tiers 3 and 4 of the sandbox, driven from the optimizer through evaluation's own requests.
 
 Nothing of a tier runs in the host. The optimizer sends the requests an offline evaluation
-sends (:class:`evolve.pipeline.Pipeline`): ``open`` with the evaluation's backend shape, per
+sends (:class:`evolve.evaluation.pipeline.Pipeline`): ``open`` with the evaluation's backend shape,
+per
 session ``units`` (offline stand-ins through the program's hook) then ``add``, per question
 ``query`` then ``retrieve``, and ``dump``; each ``add`` may embed as much as evaluation lets
 it (:func:`sandbox.budget.add_embed_chars`, the volume ``Pipeline.add`` names, which grows its
@@ -42,7 +43,7 @@ them), from timing (every row comes back at once, where MiniLM takes millisecond
 it has not cached) and, with the real builtins, from the host's own limits and history (a
 check opens several memories in one host). What holds then is evaluation's own
 line: every evaluation request has a CPU and wall-clock deadline (:class:`sandbox.isolate.
-Limits`, ``add`` and ``retrieve`` timeouts in :mod:`evolve.pipeline`), so a program that
+Limits`, ``add`` and ``retrieve`` timeouts in :mod:`evolve.evaluation.pipeline`), so a program that
 behaves quadratically only where it is not watched fails there, on the questions it is scored
 on, and the step cache keys retrievals on the index state and query whatever a tier saw.
 """

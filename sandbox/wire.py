@@ -17,7 +17,7 @@ most :data:`MAX_BLOB_BYTES` each; the reader may be given a tighter bound for a 
 (:mod:`sandbox.isolate` bounds each host answer by what its request can return). So that no
 frame has to carry a whole history, a memory grows one session per request and its state
 (at most :data:`contract.state.MAX_STATE_BYTES`) crosses in chunks of at most
-:data:`STATE_CHUNK_BYTES`, one per frame (:mod:`sandbox.serve`, :mod:`evolve.pipeline`).
+:data:`STATE_CHUNK_BYTES`, one per frame (:mod:`sandbox.serve`, :mod:`evolve.evaluation.pipeline`).
 
 Decoding is bounded before it starts: the JSON bytes are scanned first (:func:`json_cost`,
 vectorised, in slices of :data:`SCAN_SLICE` bytes, so the scan itself holds a few times that

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from contract.types import Message, Segment
+from evolve.evaluation.pipeline import Pipeline
 from evolve.models.embed import HashingEmbedder
-from evolve.pipeline import Pipeline
 from sandbox.budget import ADD_EMBED_VOLUME
 from sandbox.isolate import HostTimeout
 
@@ -71,14 +71,14 @@ def test_a_conversations_index_budget_counts_the_programs_time_only(
     optimizer, however slow, does not use it up (BEAM-100K conversation 1: 3 sessions, each
     embedding slower than the whole budget)."""
     from evolve.datasets.beam import load_conversation
-    from evolve.evalsetup import EvalSetup
+    from evolve.evaluation.conversation import run_conversation
+    from evolve.evaluation.setup import EvalSetup
     from evolve.models import embed
-    from evolve.session import run_conversation
 
     conv, questions = load_conversation(data_dir, "100K", "1")
     assert len(conv.sessions) == 3
-    monkeypatch.setattr("evolve.session.INDEX_SECONDS", 1.0)
-    monkeypatch.setattr("evolve.session.INDEX_SECONDS_PER_UNIT", 0.0)
+    monkeypatch.setattr("evolve.evaluation.conversation.INDEX_SECONDS", 1.0)
+    monkeypatch.setattr("evolve.evaluation.conversation.INDEX_SECONDS_PER_UNIT", 0.0)
     real = embed.HashingEmbedder.embed
 
     def slow(self: embed.HashingEmbedder, texts: list[str]) -> np.ndarray:

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_top_level_module_of_evolve_is_in_a_layer() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    (layers,) = [c["layers"] for c in config["contracts"]
+                 if c["type"] == "layers" and "containers" not in c]  # fmt: skip
     named = {name.strip() for layer in layers for name in layer.split("|")}
     present = {
         f"evolve.{p.stem if p.is_file() else p.name}"

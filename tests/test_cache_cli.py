@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from evolve.cli.main import main
-from evolve.session import pipeline_version
-from evolve.stepcache import StepStore
+from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.stepcache import StepStore
 
 
 def test_cache_shows_sizes_and_prunes_only_other_versions(

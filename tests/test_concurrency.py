@@ -22,13 +22,13 @@ import pytest
 from conftest import first_sessions
 
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup
-from evolve.executor import run_eval
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup
+from evolve.evaluation.stepcache import unframe
 from evolve.fanout import Turns, WallClock, ordered_map
 from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
-from evolve.stepcache import unframe
 from sandbox.check import CheckedProgram
 from sandbox.fingerprint import fingerprints
 

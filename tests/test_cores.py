@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.distributed import CountingExecutor, make_backend
+from evolve.evaluation.distributed import CountingExecutor, make_backend
 from evolve.models import cores
 
 

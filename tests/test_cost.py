@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from contract.types import BackendError
-from evolve.backend_service import MAX_PROMPT_CHARS, BackendService
 from evolve.config import RunConfig
 from evolve.datasets.slices import write_slice
+from evolve.evaluation.backend import MAX_PROMPT_CHARS, BackendService
 from evolve.evolution.budget import calls_path, read_spend
 from evolve.evolution.loop import Evolution
 from evolve.evolution.manifest import build_manifest

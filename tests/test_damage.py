@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 from evolve.cli.main import main
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.executor import run_eval, write_run
+from evolve.evaluation.setup import EvalSetup
+from evolve.evaluation.stepcache import StepStore
 from evolve.evolution.loop import Evolution, RunConfig, task_set
 from evolve.evolution.store import RunStore
-from evolve.executor import run_eval, write_run
 from evolve.models import close_connections
 from evolve.models.embed import _SCHEMA, HashingEmbedder, _sha256
 from evolve.models.llm import LLMError
 from evolve.models.testing import ScriptedLLM
-from evolve.stepcache import StepStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "alpha"

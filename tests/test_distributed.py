@@ -33,9 +33,9 @@ from conftest import Unavailable
 from evolve.cli.main import main
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.slices import write_slice
-from evolve.distributed import RayExecutor, make_backend
-from evolve.evalsetup import EvalSetup
-from evolve.executor import run_eval
+from evolve.evaluation.distributed import RayExecutor, make_backend
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 START_S = 180.0  # `ray start` on a loaded two-core machine

@@ -173,7 +173,7 @@ def set_precision(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], N
 def test_the_precision_is_in_the_embedding_and_pipeline_versions(
     set_precision: Callable[[str], None],
 ) -> None:
-    from evolve.session import pipeline_version
+    from evolve.evaluation.conversation import pipeline_version
 
     versions = {}
     for name in embed.PRECISIONS:

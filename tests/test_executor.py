@@ -11,8 +11,8 @@ from conftest import first_sessions
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import Conversation, TaskSet
-from evolve.evalsetup import EvalSetup
-from evolve.executor import EvalError, run_eval
+from evolve.evaluation.executor import EvalError, run_eval
+from evolve.evaluation.setup import EvalSetup
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
 
@@ -274,7 +274,7 @@ def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):
     itself hangs still is killed at its deadline."""
     from dataclasses import asdict
 
-    from evolve.backend_service import BackendService
+    from evolve.evaluation.backend import BackendService
     from evolve.models.testing import HashingEmbedder
     from sandbox.isolate import Host, HostFailure, Limits
 

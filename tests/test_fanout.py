@@ -11,9 +11,9 @@ import pytest
 from conftest import first_sessions
 
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.conversation import ConversationSession, run_conversation
+from evolve.evaluation.setup import EvalSetup
 from evolve.fanout import Turns
-from evolve.session import ConversationSession, run_conversation
 
 SEED = Path(__file__).resolve().parents[1] / "seeds" / "dense.py"
 

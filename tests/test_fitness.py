@@ -15,10 +15,10 @@ from evolve.cli.eval import ceiling_line
 from evolve.cli.main import main
 from evolve.config import RunConfig
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup
 from evolve.evolution.archive import archive
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import run_eval
 from evolve.models.testing import HashingEmbedder
 from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY, choose

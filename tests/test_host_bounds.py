@@ -24,7 +24,7 @@ import pytest
 from test_sandbox_hostile import ESCAPE
 
 from contract.types import Message, Segment
-from evolve.backend_service import BackendService
+from evolve.evaluation.backend import BackendService
 from evolve.models.embed import HashingEmbedder
 from sandbox.budget import BackendBudget
 from sandbox.isolate import (
@@ -116,7 +116,7 @@ def test_a_host_that_stops_reading_cannot_hold_the_optimizer_past_the_deadline()
 # A fresh optimizer process runs the calls against a host and reports its peak memory.
 CHILD = """
 import json, sys, time
-from evolve.backend_service import BackendService
+from evolve.evaluation.backend import BackendService
 from evolve.models.embed import HashingEmbedder
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 

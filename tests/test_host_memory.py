@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.types import Message, Segment
-from evolve.backend_service import BackendService
+from evolve.evaluation.backend import BackendService
 from evolve.models.embed import HashingEmbedder
 from sandbox.isolate import Host, Limits
 

@@ -33,8 +33,8 @@ from test_barrier import attack
 from test_barrier_weaker import WEAKER, Place
 
 from contract.types import Message, Segment
+from evolve.evaluation.pipeline import Pipeline
 from evolve.models.embed import HashingEmbedder
-from evolve.pipeline import Pipeline
 from sandbox import barrier
 from sandbox.isolate import HostFailure, Limits, ProgramFailure, remove_tree
 

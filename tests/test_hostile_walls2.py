@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from contract.types import Message, Segment
+from evolve.evaluation.pipeline import Pipeline
 from evolve.models.embed import HashingEmbedder
-from evolve.pipeline import Pipeline
 from sandbox.isolate import (
     BACKEND_EXTENSION,
     GRACE_SECONDS,

@@ -17,6 +17,7 @@ import pytest
 
 from contract.spec import CONTRACT_VERSION
 from evolve.cli.main import main
+from evolve.evaluation.conversation import pipeline_version
 from evolve.evolution.archive import fitness
 from evolve.evolution.export import HEADER_MARK, ScoredAs, read_scored_as, split_preamble
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
@@ -24,7 +25,6 @@ from evolve.evolution.store import RunStore
 from evolve.models.embed import precision
 from evolve.scoring import fmt_score
 from evolve.scoring.fitness import retrieval_fitness
-from evolve.session import pipeline_version
 from sandbox.check import check_program
 from sandbox.fingerprint import fingerprints
 

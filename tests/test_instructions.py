@@ -13,11 +13,11 @@ from conftest import first_sessions
 
 from contract.types import ContractError
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup
-from evolve.executor import run_eval
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.prompts import INSTRUCTION_MAX_CHARS, reported_instructions
+from evolve.evaluation.setup import EvalSetup
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
-from evolve.prompts import INSTRUCTION_MAX_CHARS, reported_instructions
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 DENSE = (SEEDS / "dense.py").read_text()

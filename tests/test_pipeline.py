@@ -1,4 +1,5 @@
-"""The pipeline (evolve.pipeline) is what evaluation runs: driven directly, session by session, it
+"""The pipeline (evolve.evaluation.pipeline) is what evaluation runs: driven directly, session by
+session, it
 retrieves what evaluation retrieved, byte for byte (offline and with the scripted task model);
 a memory state larger than one wire chunk crosses whole; the history is ingested before the
 questions; and a memory that failed to build is not built again by every later question.
@@ -15,13 +16,13 @@ import pytest
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup, make_llm
-from evolve.executor import run_eval
+from evolve.evaluation.conversation import run_conversation
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.pipeline import Pipeline
+from evolve.evaluation.setup import EvalSetup, make_llm
 from evolve.models.fake_server import FakeModelServer, fake_script
 from evolve.models.llm import Message, ModelConfig
 from evolve.models.testing import HashingEmbedder, task_script
-from evolve.pipeline import Pipeline
-from evolve.session import run_conversation
 from sandbox.wire import STATE_CHUNK_BYTES
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"

@@ -16,7 +16,7 @@ import pytest
 from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
 from evolve.datasets.types import TaskSet
-from evolve.executor import WorkerEvents
+from evolve.evaluation.executor import WorkerEvents
 
 INTERVAL = 0.2
 LINE = re.compile(r"^\[\d+:\d\d\] round ")
@@ -114,9 +114,9 @@ def test_an_evaluation_with_a_task_model_and_a_judge_reports_windows_and_judge_c
     from typing import Any
 
     from evolve.config import RunConfig
-    from evolve.evalsetup import EvalSetup
+    from evolve.evaluation.executor import run_eval
+    from evolve.evaluation.setup import EvalSetup
     from evolve.evolution.loop import task_set
-    from evolve.executor import run_eval
     from evolve.models.llm import ModelConfig, Models
     from evolve.models.testing import ScriptedLLM, task_script
 

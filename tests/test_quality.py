@@ -16,8 +16,8 @@ from conftest import first_sessions
 
 from contract.spec import OUT_CHAR_BUDGET
 from evolve.datasets.beam import load_taskset
-from evolve.evalsetup import EvalSetup
-from evolve.executor import run_eval
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import evolve
+from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.pipeline import Pipeline
 from evolve.evolution.export import HEADER_MARK, ScoredAs, read_scored_as
 from evolve.models.embed import precision
-from evolve.pipeline import Pipeline
-from evolve.session import pipeline_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMPLE = (ROOT / "seeds" / "simple.py").read_text()

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import evolve
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.setup import EvalSetup
 from evolve.models import embed
 from evolve.models.embed import Embedder, HashingEmbedder
 from evolve.models.llm import ModelConfig

@@ -163,7 +163,7 @@ def test_the_public_api_loads_on_first_use_only():
     or host code; ``evolve.open_memory`` loads it."""
     code = (
         "import sys, evolve.config; "
-        "assert not {'evolve.runtime.api', 'evolve.pipeline'} & set(sys.modules); "
+        "assert not {'evolve.runtime.api', 'evolve.evaluation.pipeline'} & set(sys.modules); "
         "import evolve; evolve.open_memory; assert 'evolve.runtime.api' in sys.modules"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,6 +1,7 @@
 """Deployed = evaluated: a BEAM-100K conversation added session by session through the public
 API gives, for every question, ``context()`` equal byte for byte to the retrieved text the
-evaluation scores (``evolve.executor.run_eval``, same program, same embedder), offline and with a
+evaluation scores (``evolve.evaluation.executor.run_eval``, same program, same embedder), offline
+and with a
 scripted task model. The two sides share no cache."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pytest
 import evolve
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
-from evolve.evalsetup import EvalSetup
-from evolve.executor import run_eval
+from evolve.evaluation.executor import run_eval
+from evolve.evaluation.setup import EvalSetup
 from evolve.models.llm import ModelConfig
 from evolve.models.testing import task_script
 

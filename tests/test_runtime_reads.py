@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import evolve
-from evolve.pipeline import Pipeline
+from evolve.evaluation.pipeline import Pipeline
 from evolve.runtime.rwlock import ReadWriteLock
 from sandbox.isolate import Host
 

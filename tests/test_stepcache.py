@@ -1,5 +1,5 @@
 """Step reuse: component fingerprints (sandbox/fingerprint.py), step keys and the store
-(evolve/stepcache.py), memory-state pickling (contract/state.py)."""
+(evolve/evaluation/stepcache.py), memory-state pickling (contract/state.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from contract.program import load_program
 from contract.spec import COMPONENTS
 from contract.state import dump_state, load_state
-from evolve import prompts, session
-from evolve.stepcache import StepKeys, StepStore
+from evolve.evaluation import conversation as session
+from evolve.evaluation import prompts
+from evolve.evaluation.stepcache import StepKeys, StepStore
 from sandbox.fingerprint import changed_components, fingerprints
 
 BASE = textwrap.dedent(

@@ -3,7 +3,7 @@ well only where it is watched (sandbox/tiers.py, sandbox/probe.py).
 
 The tiers give a program the evaluation's backend class, dimension, call budget and answers
 (refusals word for word), with rows whose statistics resemble MiniLM's: a program that reads
-every backend tell-tale in a check and in an offline evaluation (:class:`evolve.pipeline.
+every backend tell-tale in a check and in an offline evaluation (:class:`evolve.evaluation.pipeline.
 Pipeline`) sees the same values, and a quadratic program that would behave linearly only
 under the probe's backend is rejected.
 """
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from contract.types import BackendError, Message, Segment
-from evolve.backend_service import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, BackendService
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.backend import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, BackendService
+from evolve.evaluation.pipeline import Pipeline
+from evolve.evaluation.setup import EvalSetup
 from evolve.models.embed import Embedder, HashingEmbedder
-from evolve.pipeline import Pipeline
 from sandbox import probe, tiers
 from sandbox.check import check_program
 from sandbox.isolate import ProgramFailure

@@ -2,14 +2,16 @@
 reads.
 
 Owns :func:`add_command` and :func:`cmd_cache`. The step store keeps one folder per pipeline
-version under each step (:mod:`evolve.stepcache`); an entry of another version, or of the
+version under each step (:mod:`evolve.evaluation.stepcache`); an entry of another version, or of the
 layout before version folders, is never read by this pipeline version
-(:func:`evolve.session.pipeline_version` is in every key), so ``--prune`` removes those
+(:func:`evolve.evaluation.conversation.pipeline_version` is in every key), so ``--prune`` removes
+those
 folders. The other caches (embeddings, LLM replies, ceilings) are keyed by their content and
 stay readable across versions; they are shown, never pruned here.
 
 Invariants: without ``--prune`` nothing is changed; a cache folder that does not exist is one
-``error:`` line; pruning removes only folders :func:`evolve.stepcache.stale_folders` names.
+``error:`` line; pruning removes only folders :func:`evolve.evaluation.stepcache.stale_folders`
+names.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from evolve.cli.common import UsageError, default_cache_dir, out
-from evolve.session import pipeline_version
-from evolve.stepcache import stale_folders, step_usage
+from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.stepcache import stale_folders, step_usage
 
 
 def add_command(sub: Any) -> None:

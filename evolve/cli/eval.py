@@ -1,6 +1,6 @@
 """The ``evolve`` commands that evaluate programs: ``eval``, ``compare``, ``check`` and ``data``.
 
-Each command delegates to one module: ``eval`` to :mod:`evolve.executor`, ``compare`` to
+Each command delegates to one module: ``eval`` to :mod:`evolve.evaluation.executor`, ``compare`` to
 :mod:`evolve.compare`, ``check`` to :mod:`sandbox.check`, ``data fetch`` to
 :mod:`evolve.datasets.fetch`; what is left here is parsing their flags and rendering their
 results. Errors follow :mod:`evolve.cli.common`: one ``error:`` line and exit status 2;
@@ -40,12 +40,12 @@ from evolve.cli.common import (
 )
 from evolve.datasets.benches import load_taskset
 from evolve.datasets.types import CAPABILITY_NAMES, DataError, TaskSet
-from evolve.distributed import make_backend
+from evolve.evaluation.distributed import make_backend
 from evolve.models.clients import role_client
 from evolve.scoring import fmt_score
 
 if TYPE_CHECKING:
-    from evolve.evalsetup import EvalSetup
+    from evolve.evaluation.setup import EvalSetup
 
 
 def add_eval(sub: Any) -> None:
@@ -150,8 +150,8 @@ def judge_client(name: str | None, api_base: str | None, config: EvalSetup) -> A
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from evolve.evalsetup import EvalSetup, reset_endpoint
-    from evolve.executor import OFFLINE_MODE, EvalError, run_eval, write_run
+    from evolve.evaluation.executor import OFFLINE_MODE, EvalError, run_eval, write_run
+    from evolve.evaluation.setup import EvalSetup, reset_endpoint
     from evolve.trace import first_error
 
     read_program(args.program)
@@ -218,8 +218,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from evolve.compare import CHARS_PER_TOKEN, compare_programs, reference_programs
-    from evolve.evalsetup import EvalSetup, reset_endpoint
-    from evolve.executor import EvalError
+    from evolve.evaluation.executor import EvalError
+    from evolve.evaluation.setup import EvalSetup, reset_endpoint
 
     paths = args.programs or reference_programs()
     if not paths:

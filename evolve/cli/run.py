@@ -228,8 +228,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
+    from evolve.evaluation.executor import EvalError
     from evolve.evolution.loop import Evolution
-    from evolve.executor import EvalError
 
     config = run_config(args)
     _say_splits(config)

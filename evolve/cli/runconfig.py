@@ -172,8 +172,8 @@ def check_tasks(config: RunConfig, given: int | str | None) -> None:
     """Refuse, before a run is created, splits that leave nothing to evaluate, a
     ``--conversations`` count (``given``) above what train or valid holds, and guards that do
     not load, are empty or share a conversation with train or valid."""
+    from evolve.evaluation.executor import EvalError, check_evaluable
     from evolve.evolution.loop import guard_sets, task_set
-    from evolve.executor import EvalError, check_evaluable
 
     try:
         for split in SPLITS:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evolve.datasets.types import Question, TaskSet
-from evolve.diagnostics import unit_text
+from evolve.evaluation.diagnostics import unit_text
 from evolve.evolution.annotate import Labels
 from evolve.evolution.archive import fitness
 from evolve.evolution.compact import compact_case

@@ -1,7 +1,8 @@
 """Evaluating candidates of a run: sandbox, score on the splits, file (docs/design.md §4).
 
 Owns :class:`Evaluator`. The children of a round are handed over together and evaluated
-together: one thread per child and split calls :func:`evolve.executor.run_eval` on the run's
+together: one thread per child and split calls :func:`evolve.evaluation.executor.run_eval` on the
+run's
 one backend, so the conversation jobs of all of them are queued on the loky pool (or Ray) at
 once, never one program or split after another. Results are filed by the calling thread as each
 child finishes; only it writes the store. With ``RunConfig.cascade`` (never for the seed) each
@@ -43,12 +44,12 @@ from typing import Any
 
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.types import TaskSet
-from evolve.distributed import JobBackend
-from evolve.evalsetup import EvalSetup
+from evolve.evaluation.distributed import JobBackend
+from evolve.evaluation.executor import EvalError, EvalReport, ProgressFn, run_eval
+from evolve.evaluation.setup import EvalSetup
 from evolve.evolution.archive import archive, fitness, question_fitness
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, EvalReport, ProgressFn, run_eval
 from evolve.models.llm import LLMClient
 from evolve.trace import first_error
 from sandbox.check import CheckedProgram, CheckReport, check_program

@@ -15,7 +15,8 @@ Invariants:
 - **An export says how it was scored.** Its header records the run's mode (offline: one unit
   per message, the question as the query, the three instructions never run; or with a task
   model), the task model, the embedder, and the embedding precision and pipeline version
-  (:func:`evolve.session.pipeline_version`) of the installation that exports it, which are
+  (:func:`evolve.evaluation.conversation.pipeline_version`) of the installation that exports it,
+  which are
   those its scores came from when the run was scored there (the step cache keys every output
   on them). :func:`read_scored_as` parses that block back (:class:`ScoredAs`), reading the
   ``evaluator version`` line older exports wrote as the pipeline version; the runtime compares
@@ -86,7 +87,9 @@ class ScoredAs:
 def scored_as(store: RunStore) -> ScoredAs:
     """How the run's candidates were scored: its config's task model and embedder, with this
     installation's precision and pipeline version."""
-    from evolve.session import pipeline_version  # the engine: loaded only when exporting
+    from evolve.evaluation.conversation import (
+        pipeline_version,  # the engine: loaded only when exporting
+    )
 
     config = stored_config(store.manifest, store.run_id)
     model = config.task_model.model if config.task_model else None

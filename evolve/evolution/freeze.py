@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from evolve.config import ConfigError, stored_config
-from evolve.distributed import make_backend
+from evolve.evaluation.distributed import make_backend
+from evolve.evaluation.executor import EvalError, ProgressFn, run_eval, write_run
 from evolve.evolution.archive import fitness
 from evolve.evolution.budget import calls_path
 from evolve.evolution.export import TEST_SPLIT
 from evolve.evolution.loop import eval_setup, task_set
 from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.executor import EvalError, ProgressFn, run_eval, write_run
 from evolve.models.clients import role_client
 from evolve.trace import first_error
 

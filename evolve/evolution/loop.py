@@ -71,8 +71,12 @@ from evolve.config import SPLITS, STAGES, RunConfig
 from evolve.datasets.benches import load_taskset, run_split
 from evolve.datasets.guards import load_guard, parse_guard
 from evolve.datasets.types import TaskSet
-from evolve.distributed import JobBackend, make_backend
-from evolve.evalsetup import EvalSetup, make_embedder, reset_endpoint
+from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.distributed import JobBackend, make_backend
+from evolve.evaluation.executor import EvalError
+from evolve.evaluation.prompts import extraction_windows
+from evolve.evaluation.setup import EvalSetup, make_embedder, reset_endpoint
+from evolve.evaluation.stepcache import StepKeys, StepStore
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive
 from evolve.evolution.budget import Budget, Workload, calls_path, read_spend
@@ -85,15 +89,11 @@ from evolve.evolution.routing import compare
 from evolve.evolution.stages import common_ancestor, history, partners, refinement_targets
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.tpe import constant_proposer
-from evolve.executor import EvalError
 from evolve.models.clients import role_client
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import Caps, SpendCapReached, write_caps
 from evolve.models.usage import Tally
-from evolve.prompts import extraction_windows
 from evolve.scoring.answers import make_scorer
-from evolve.session import pipeline_version
-from evolve.stepcache import StepKeys, StepStore
 from evolve.trace import QuestionTrace
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints

@@ -25,13 +25,13 @@ Invariants:
   runs, and a vector made by other model files, library versions, encoding code or precision
   is never served (:func:`embedding_version`). Only the cache file is ever written.
 - :func:`library_versions` is the one reading of installed versions; the pipeline
-  version (:func:`evolve.session.pipeline_version`) uses it too.
+  version (:func:`evolve.evaluation.conversation.pipeline_version`) uses it too.
 - **Tenants apart.** Two instances share no cache but a cache file they are both given: an
   instance's cache hits come from its own calls or its file's (the model's weights, shared by
   every Embedder of the process, hold no text). The runtime gives each user (scope) an
   instance and a file of their own (:mod:`evolve.runtime.scopes`), so the time a program
   measures for a text tells it nothing of what another user's memory embedded; an evaluation
-  uses one instance per process (:func:`evolve.evalsetup.make_embedder`).
+  uses one instance per process (:func:`evolve.evaluation.setup.make_embedder`).
 - A damaged cache never fails an embedding: a row whose blob is not ``dim`` float32 values is
   a miss, encoded again and overwritten (counted in ``stats.invalid``); a file SQLite calls
   corrupt is moved aside to ``<name>.corrupt-<time>`` (:func:`evolve.models.set_aside`), said

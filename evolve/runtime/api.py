@@ -11,9 +11,10 @@ Owns :func:`open_memory`, :class:`AgentMemory` and :class:`AgentMemoryError`::
 Invariants:
 
 - **Deployed = evaluated.** The program runs through the pipeline evaluation runs
-  (:class:`evolve.pipeline.Pipeline`), with the task model and embedder built exactly as
-  evaluation builds them (:func:`evolve.evalsetup.make_llm`, :func:`~evolve.evalsetup.make_embedder`
-  from a :class:`~evolve.evalsetup.EvalSetup`): ``context()`` for a question is the retrieved
+  (:class:`evolve.evaluation.pipeline.Pipeline`), with the task model and embedder built exactly as
+  evaluation builds them (:func:`evolve.evaluation.setup.make_llm`,
+  :func:`~evolve.evaluation.setup.make_embedder`
+  from a :class:`~evolve.evaluation.setup.EvalSetup`): ``context()`` for a question is the retrieved
   text evaluation scores for it, given the same sessions in the same order.
 - **The program is checked and confined.** It must pass the sandbox check
   (:func:`sandbox.check.check_program`) before it runs; it runs only in confined hosts, one per
@@ -54,15 +55,15 @@ from typing import Any
 
 from contract.spec import CONTRACT_VERSION
 from contract.types import Message, Segment
-from evolve.evalsetup import EvalSetup, make_embedder, make_llm
+from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.pipeline import Pipeline
+from evolve.evaluation.setup import EvalSetup, make_embedder, make_llm
 from evolve.evolution.export import OFFLINE, OFFLINE_MEANS, ONLINE, ScoredAs, read_scored_as
 from evolve.models.embed import precision
 from evolve.models.llm import ModelConfig
-from evolve.pipeline import Pipeline
 from evolve.runtime.log import LogError
 from evolve.runtime.scopes import Scopes
 from evolve.runtime.store import Deployment, Store, StoreError
-from evolve.session import pipeline_version
 from sandbox.check import check_program
 from sandbox.isolate import HostFailure, ProgramFailure
 from sandbox.probe import BackendShape
@@ -96,7 +97,8 @@ def open_memory(
     folder ``store`` (created if need be). ``model``: a litellm id for the task model, or None
     for the offline stand-ins; ``embedder``: ``minilm`` or ``hashing`` (a test double).
     ``config`` replaces ``model`` and ``embedder`` by a whole
-    :class:`~evolve.evalsetup.EvalSetup` (what an evaluation runs with). ``max_live``: confined
+    :class:`~evolve.evaluation.setup.EvalSetup` (what an evaluation runs with). ``max_live``:
+    confined
     hosts kept started, in all; ``read_hosts``: hosts one user's reads may use side by side
     (each holds a copy of that user's memory and indexes every session it is given);
     ``snapshot_every``: sessions between snapshots of a memory. ``notice`` receives the

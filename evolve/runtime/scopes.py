@@ -1,6 +1,7 @@
 """Live scopes: confined hosts per user (scope) id, a bounded pool of them, and their locks.
 
-Owns :class:`Scopes`. A scope's memory lives in pipelines (:class:`evolve.pipeline.Pipeline`:
+Owns :class:`Scopes`. A scope's memory lives in pipelines
+(:class:`evolve.evaluation.pipeline.Pipeline`:
 the program in its own confined host), each built from the store (:mod:`.store`): the newest
 snapshot of the deployment's build, then the log's sessions after it.
 
@@ -60,8 +61,8 @@ from functools import partial
 from typing import Any
 
 from contract.types import Segment
+from evolve.evaluation.pipeline import Pipeline
 from evolve.fanout import ordered_map
-from evolve.pipeline import Pipeline
 from evolve.runtime.log import SessionLog
 from evolve.runtime.rwlock import ReadWriteLock
 from evolve.runtime.store import Store

@@ -1,8 +1,9 @@
 """Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
 
 The executor is the parent side of execution (docs/design.md §2). It never runs program code itself:
-each conversation is a job for :func:`evolve.session.run_conversation` on a backend
-(:mod:`evolve.distributed`: joblib's loky pool, reused between evaluations so the embedding
+each conversation is a job for :func:`evolve.evaluation.conversation.run_conversation` on a backend
+(:mod:`evolve.evaluation.distributed`: joblib's loky pool, reused between evaluations so the
+embedding
 model loads once per worker, or a Ray cluster). Workers decide per step what to reuse from the
 step store; the executor sums their counters, scores every question here with
 :mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.retrieval` (the
@@ -60,10 +61,11 @@ from pathlib import Path
 from typing import Any
 
 from contract.spec import COMPONENTS
-from evolve import diagnostics
 from evolve.datasets.types import Question, TaskSet
-from evolve.distributed import JobBackend, die_with_parent, make_backend
-from evolve.evalsetup import EvalSetup, check_endpoint, make_embedder
+from evolve.evaluation import diagnostics
+from evolve.evaluation.conversation import ConversationResult, run_conversation
+from evolve.evaluation.distributed import JobBackend, die_with_parent, make_backend
+from evolve.evaluation.setup import EvalSetup, check_endpoint, make_embedder
 from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import SpendCapReached, is_spend_cap
@@ -75,7 +77,6 @@ from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Variant, choose
 from evolve.scoring.retrieval import METRICS, RetrievalScorer, ScoreInput, aggregate
-from evolve.session import ConversationResult, run_conversation
 from evolve.trace import QuestionTrace
 from sandbox.check import CheckedProgram, check_program
 
@@ -106,7 +107,8 @@ class EvalReport:
 
 ProgressFn = Callable[[int, str | None], None]
 """``(questions finished since the last call, what the evaluation is doing now)``: called as
-workers report (:func:`evolve.session.run_conversation`'s events) and per judged question."""
+workers report (:func:`evolve.evaluation.conversation.run_conversation`'s events) and per judged
+question."""
 EVENTS = ("window", "session", "indexing", "indexed", "restored", "question")  # what workers report
 
 

@@ -1,7 +1,8 @@
 """Where evaluation jobs run: the local loky pool (default) or a Ray cluster (``--backend ray``).
 
 Owns :data:`BACKENDS`, :class:`JobBackend` and :func:`make_backend`. The executor submits one job
-per conversation (:func:`evolve.session.run_conversation`) to a backend's ``executor`` and reads
+per conversation (:func:`evolve.evaluation.conversation.run_conversation`) to a backend's
+``executor`` and reads
 ``concurrent.futures.Future`` results; nothing else about a job depends on where it runs.
 
 Invariants:
@@ -18,7 +19,8 @@ Invariants:
   node can read and write, e.g. NFS): step outputs, embeddings and LLM responses meet there,
   which is what makes a Ray evaluation equal to a local one.
 - Every process the local backend starts (the loky workers here, the progress queue's manager in
-  :mod:`evolve.executor`) runs :func:`die_with_parent` first: it exits as soon as the process
+  :mod:`evolve.evaluation.executor`) runs :func:`die_with_parent` first: it exits as soon as the
+  process
   that started it is gone, even when that one was killed with SIGKILL and could not clean up
   (the resource trackers then see their pipes close and exit too; sandbox hosts see stdin
   close).

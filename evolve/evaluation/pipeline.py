@@ -1,12 +1,13 @@
 """A memory program at work: the program in its confined host, with a task model and an embedder.
 
-:class:`Pipeline` is what evaluation (:mod:`evolve.session`: the pipeline, the step cache and
+:class:`Pipeline` is what evaluation (:mod:`evolve.evaluation.conversation`: the pipeline, the step
+cache and
 scoring) and a deployment both run. It is trusted code: it holds the embedder and the task
 model (an :class:`~evolve.models.llm.LLMClient`, or None for the offline stand-ins of
 :mod:`contract.program`). The program's own code (its module top level, hooks and ``Memory``
 methods) runs only in one :class:`~sandbox.isolate.Host`, started and loaded on first use; the
-pipeline sends it data, answers its backend requests (:class:`~evolve.backend_service.
-BackendService`) and sends the task model the prompts of :mod:`evolve.prompts`, with the
+pipeline sends it data, answers its backend requests (:class:`~evolve.evaluation.backend.
+BackendService`) and sends the task model the prompts of :mod:`evolve.evaluation.prompts`, with the
 instructions the loaded program holds as its host reports them at load.
 
 Operations (each a typed value in, a typed value out):
@@ -54,8 +55,8 @@ from contract.records import RecordError, conform
 from contract.spec import OUT_CHAR_BUDGET
 from contract.state import MAX_STATE_BYTES
 from contract.types import ContractError, Segment
-from evolve import prompts
-from evolve.backend_service import BackendService
+from evolve.evaluation import prompts
+from evolve.evaluation.backend import BackendService
 from evolve.fanout import WallClock, ordered_map
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
@@ -192,7 +193,7 @@ class Pipeline:
 
     def instruction(self, component: str) -> str:
         """The instruction of ``component`` as the loaded program holds it (the host reports
-        it at load; :func:`evolve.prompts.reported_instructions` checks the report)."""
+        it at load; :func:`evolve.evaluation.prompts.reported_instructions` checks the report)."""
         self.host()
         return self._instructions[component]
 

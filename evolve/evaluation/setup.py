@@ -2,7 +2,8 @@
 task-LLM client built from them.
 
 An evaluation runs with one :class:`EvalSetup`: the executor hands it to every job, whose
-conversation (:func:`evolve.session.run_conversation`, in a worker process) builds its embedder
+conversation (:func:`evolve.evaluation.conversation.run_conversation`, in a worker process) builds
+its embedder
 and LLM client here; the runtime (:mod:`evolve.runtime.api`) builds its own from one the same way.
 
 Invariants:
@@ -46,7 +47,7 @@ class EvalSetup:
     max_complete_calls: int = 8
     call_timeout: float = 120.0  # wall clock for one hook or retrieve call in the host
     calls_log: str | None = None  # the LLM call log (default: <cache_dir>/llm-calls.sqlite)
-    diagnose: bool = False  # add cold-start diagnostics (evolve.diagnostics) to each trace
+    diagnose: bool = False  # add cold-start diagnostics (evaluation.diagnostics) to each trace
     reuse: bool = True  # False: no step output or task reply of another evaluation is reused
     llm_concurrency: int = DEFAULT_CONCURRENCY  # LLM requests in flight, whole run, per machine
     llm_timeout: float = 120.0  # seconds one LLM request may take before it is retried

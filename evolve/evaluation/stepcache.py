@@ -47,7 +47,7 @@ class StepKeys:
     fp: dict[str, str]
     model_sig: str  # "offline" or the task model id and parameters
     embed_sig: str  # the embedder's name: index state contains its vectors
-    pipeline_version: str  # evolve.session.pipeline_version(): what the pipeline adds to outputs
+    pipeline_version: str  # conversation.pipeline_version(): what the pipeline adds to outputs
 
     def _key(self, step: str, *parts: Any) -> str:
         return digest(step, self.fp[step], self.pipeline_version, *parts)
@@ -72,7 +72,7 @@ class StepKeys:
 
 
 class _Retrieved(BaseModel):
-    """A stored retrieval (what :mod:`evolve.session` records for one question)."""
+    """A stored retrieval (what :mod:`evolve.evaluation.conversation` records for one question)."""
 
     model_config = ConfigDict(strict=True)
     retrieved: str
@@ -163,7 +163,8 @@ class StepStore:
     """Step outputs on disk: JSON for records and texts, bytes for memory state.
 
     Entries live in one folder per pipeline version under each step (``version``:
-    :func:`evolve.session.pipeline_version`, which every key carries too), so the entries no
+    :func:`evolve.evaluation.conversation.pipeline_version`, which every key carries too), so the
+    entries no
     current pipeline version reads can be found and pruned (``evolve cache``;
     :func:`stale_folders`).
 

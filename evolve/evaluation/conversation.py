@@ -2,10 +2,10 @@
 
 :func:`run_conversation` runs in a worker process of the executor's pool. It is trusted code:
 it holds the embedder, the task LLM and the step store. Evaluation is the
-:class:`~evolve.pipeline.Pipeline` (the program in its confined host, the task model, the
+:class:`~evolve.evaluation.pipeline.Pipeline` (the program in its confined host, the task model, the
 embedder: the same one a deployment runs) plus the step store plus scoring (done by the
 parent). For each step a :class:`ConversationSession` either loads the cached output (keys
-from :mod:`evolve.stepcache`) or has the pipeline compute it and stores it
+from :mod:`evolve.evaluation.stepcache`) or has the pipeline compute it and stores it
 (:meth:`ConversationSession._cached_json`, the one cached-step helper). The history is
 ingested on its own before the questions (:meth:`ConversationSession.ingest`), and
 only when needed: when every retrieval of a conversation is cached, no host is even started,
@@ -17,7 +17,8 @@ backend requests, embedding above all, is not the program's). A question whose s
 retrieval proves bad, or a diagnostic lookup, builds the memory then if ingestion did not.
 
 Invariants:
-- A cached output is used only if it has its step's shape (:class:`~evolve.stepcache.StepStore`
+- A cached output is used only if it has its step's shape
+(:class:`~evolve.evaluation.stepcache.StepStore`
   checks each read, and a memory state the program cannot restore counts too): a bad entry is
   recomputed, overwritten and counted (``invalid``, besides ``computed``).
 - Only successful outputs are stored; a program error, an LLM failure, a dead or hung host
@@ -70,14 +71,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
-from evolve import prompts
 from evolve.datasets.types import Conversation, Question, Segment
-from evolve.diagnostics import question_diagnostics
-from evolve.evalsetup import EvalSetup, make_embedder, make_llm
+from evolve.evaluation import prompts
+from evolve.evaluation.diagnostics import question_diagnostics
+from evolve.evaluation.pipeline import Pipeline, Records
+from evolve.evaluation.setup import EvalSetup, make_embedder, make_llm
+from evolve.evaluation.stepcache import StepKeys, StepStore
 from evolve.fanout import Turns, attempt, ordered_map
 from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
-from evolve.pipeline import Pipeline, Records
-from evolve.stepcache import StepKeys, StepStore
 from evolve.trace import QuestionTrace
 from sandbox.fingerprint import fingerprints
 from sandbox.isolate import HostFailure, ProgramFailure
@@ -108,7 +109,8 @@ class ConversationResult:
 
 
 class ConversationSession:
-    """One conversation's evaluation: a :class:`~evolve.pipeline.Pipeline` over the program,
+    """One conversation's evaluation: a :class:`~evolve.evaluation.pipeline.Pipeline` over the
+    program,
     with the step store deciding per step between reuse and computation."""
 
     def __init__(self, source: str, path: str, config: EvalSetup, conv: Conversation) -> None:
@@ -344,7 +346,7 @@ class ConversationSession:
         return value
 
     def _diagnose(self, q: Question, trace: QuestionTrace) -> None:
-        """Cold-start diagnostics (:mod:`evolve.diagnostics`) into ``trace``."""
+        """Cold-start diagnostics (:mod:`evolve.evaluation.diagnostics`) into ``trace``."""
         try:
             trace.diagnostics = question_diagnostics(
                 q, self.conv, self.stored_units, self.lookup, self.embedder
@@ -408,7 +410,7 @@ def run_conversation(
     goes: ``window`` after each extraction window the task model answered, ``session`` after
     each extracted session, ``indexing`` and ``indexed`` around indexing, ``restored`` when the
     memory came from the step store, ``question`` after each question
-    (:data:`evolve.executor.EVENTS`).
+    (:data:`evolve.evaluation.executor.EVENTS`).
     The history is ingested first, on its own (:meth:`ConversationSession.ingest`), then
     the questions are asked. Both run on up to ``config.llm_concurrency`` threads, each host
     section in its turn (ingestion first, then question order), so questions' planning calls
@@ -463,7 +465,8 @@ def run_conversation(
 
 def pipeline_version() -> str:
     """A digest of what the pipeline contributes to step outputs: PIPELINE_VERSION, the
-    contract version, the prompt texts and extraction window (:func:`evolve.prompts.texts`),
+    contract version, the prompt texts and extraction window
+    (:func:`evolve.evaluation.prompts.texts`),
     the truncation rule and budget, the embedding model, its precision and the installed
     versions of OUTPUT_LIBRARIES."""
     versions = library_versions(OUTPUT_LIBRARIES)
