@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from evolve.config import RunConfig
+from evolve.environment import folder
 from evolve.evaluation.executor import run_eval
 from evolve.evaluation.setup import EvalSetup, make_embedder
-from evolve.evolution.loop import task_set
+from evolve.evolution.wiring import task_set
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,14 +33,14 @@ def cold_seed(program: Path, data_dir: Path, conversations: int, jobs: int) -> N
     cache = Path(tempfile.mkdtemp(prefix="prismem-cold-"))
     run = RunConfig(data_dir=str(data_dir), seed_program=str(program), cache_dir=str(cache),
                     conversations=conversations)  # fmt: skip
-    config = EvalSetup(cache_dir=str(cache), task_model=None)
+    setup = EvalSetup(cache_dir=str(cache), task_model=None)
     parent = make_embedder("minilm", str(cache))  # the executor's scorer shares this one
     total = 0.0
     for split in ("train", "valid"):
         tasks = task_set(run, split)
         parent.stats.reset()
         start = time.perf_counter()
-        report = run_eval(program, tasks, config, jobs=jobs)
+        report = run_eval(program, tasks, setup, jobs=jobs)
         wall = time.perf_counter() - start
         total += wall
         emb = report.work["worker_embedding"]
@@ -57,7 +58,7 @@ def cold_seed(program: Path, data_dir: Path, conversations: int, jobs: int) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--program", type=Path, default=ROOT / "seeds" / "hybrid.py")
     parser.add_argument("--conversations", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2)

@@ -52,6 +52,6 @@ def read_back(seed: int, work: Path) -> dict[str, Any]:
     out = work / f"best-{seed}.py"
     if not out.exists():  # exported when the run was first read back
         evolve("export", f"{run_id}/{best.id}", "--runs-dir", str(runs), "--out", str(out))
-    valid = best.scores["valid"]["overall"]["fitness"]
+    valid = best.scores["valid"].overall.fitness
     return {"seed": seed, "wall": None, "best": best.id, "valid": valid, "message": best.message,
             "path": out, "start": store.source_path(store.candidates()[0].id)}  # fmt: skip

@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evolve.datasets.benches import load_taskset
+from evolve.benches.registry import bench
+from evolve.environment import folder
 from evolve.models.embed import Embedder, precision
 
 
 def real_texts(data_dir: Path, n: int) -> list[str]:
     """About ``n`` texts: three quarters messages, a quarter 2,000-character blocks."""
-    tasks = load_taskset("beam", data_dir, "train")
+    tasks = bench("beam").load_taskset(data_dir, "train")
     messages = [m.text() for c in tasks.conversations for _, m in c.messages().values()]
     blocks = ["\n\n".join(messages[i : i + 8])[:1000] for i in range(0, len(messages), 8)]
     return messages[: n - n // 4] + blocks[: n // 4]
@@ -53,7 +54,7 @@ def with_precision(name: str) -> Encode:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()

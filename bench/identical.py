@@ -267,7 +267,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="verb", required=True)
     rec = sub.add_parser("record")
     rec.add_argument("out", type=Path)
-    rec.add_argument("--data-dir", default=os.environ.get("EVOLVE_DATA", "../shared/data"))
+    rec.add_argument("--data-dir", default=os.environ.get("PRISMEM_DATA", "../shared/data"))
     rec.add_argument("--seeds", nargs="+", default=list(SEEDS))
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before", type=Path)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.beam import QUESTIONS_FILE, chat_file, list_conversations
+from evolve.environment import folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def run(out: Path, program: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data-dir", default=os.environ.get("EVOLVE_DATA", "../shared/data"))
+    parser.add_argument("--data-dir", default=folder("DATA") or "../shared/data")
     parser.add_argument("--out", required=True, help="where to write the joined history")
     parser.add_argument("--questions-of", default="3", help="BEAM-1M conversation (default 3)")
     parser.add_argument("--program", default="seeds/dense.py")

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
+from evolve.environment import folder
 from evolve.evaluation.executor import run_eval
 from evolve.evaluation.setup import EvalSetup
 
@@ -38,16 +39,16 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
     cache = Path(tempfile.mkdtemp(prefix="prismem-bench-"))
     child = cache / "child.py"
     child.write_text(retrieval_variant(program.read_text()))
-    config = EvalSetup(cache_dir=str(cache), task_model=None)
+    setup = EvalSetup(cache_dir=str(cache), task_model=None)
     rows = []
     for label, path in (("full", program), ("retrieval-only", child)):
         start = time.perf_counter()
-        report = run_eval(path, tasks, config, jobs=jobs)
+        report = run_eval(path, tasks, setup, jobs=jobs)
         wall = time.perf_counter() - start
         rows.append((label, wall, report))
-        stages = " ".join(f"{s}={c['computed']}/{c['reused']}" for s, c in report.stages.items())
+        steps = " ".join(f"{s}={c['computed']}/{c['reused']}" for s, c in report.steps.items())
         emb = report.work["worker_embedding"]
-        print(f"{label:>15}: {wall:7.1f} s  steps computed/reused: {stages}")
+        print(f"{label:>15}: {wall:7.1f} s  steps computed/reused: {steps}")
         print(f"{'':>15}  worker texts embedded {emb.get('encoded', 0):.0f} "
               f"(cache hits {emb.get('cache_hits', 0):.0f}); step seconds "
               f"{report.work['stage_seconds']}")  # fmt: skip
@@ -59,7 +60,7 @@ def reuse(program: Path, data_dir: Path, split: str, jobs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--program", type=Path, default=ROOT / "seeds" / "hybrid.py")
     parser.add_argument("--split", default="valid")
     parser.add_argument("--jobs", type=int, default=2)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.datasets.slices import write_slice
+from evolve.environment import folder
 from evolve.evolution.report import report_data
 from evolve.evolution.store import RunStore
 
@@ -91,7 +92,7 @@ def show(row: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--slice", action="store_true", help="run on a small slice of BEAM")
     parser.add_argument("--embeddings", type=Path, default=None,
                         help="an embedding cache both runs start from (a copy)")  # fmt: skip

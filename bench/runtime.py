@@ -44,6 +44,7 @@ from pathlib import Path
 import evolve
 from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
+from evolve.environment import folder
 from evolve.evaluation.setup import EvalSetup, make_embedder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,10 +100,10 @@ def measure(size: str, args: argparse.Namespace) -> None:
     conversation, questions = history(args, size)
     n_messages = sum(len(s.messages) for s in conversation.sessions)
     tokens = conversation.n_chars / CHARS_PER_TOKEN
-    config = EvalSetup(cache_dir=str(args.cache_dir), task_model=None, embedder=args.embedder)
+    setup = EvalSetup(cache_dir=str(args.cache_dir), task_model=None, embedder=args.embedder)
     with tempfile.TemporaryDirectory(prefix="prismem-runtime-") as tmp:
         store = Path(tmp) / "store"
-        memory = evolve.open_memory(args.program, store, config=config, notice=lambda _: None)
+        memory = evolve.open_memory(args.program, store, setup=setup, notice=lambda _: None)
         began = time.perf_counter()
         for session in conversation.sessions:
             memory.add(session.messages, user="bench", date=session.date,
@@ -115,7 +116,7 @@ def measure(size: str, args: argparse.Namespace) -> None:
                 t0 = time.perf_counter()
                 memory.context(q.question + nonce, user="bench", date=q.question_date)
                 walls[kind].append((time.perf_counter() - t0) * 1000)
-        embedder = make_embedder(config.embedder, config.cache_dir)  # the runtime's own
+        embedder = make_embedder(setup.embedder, setup.cache_dir)  # the runtime's own
         alone = []  # the baseline: encoding the query alone, in process (another nonce)
         for q in questions:
             t0 = time.perf_counter()
@@ -126,14 +127,14 @@ def measure(size: str, args: argparse.Namespace) -> None:
         memory.close()
         closing = time.perf_counter() - t0
         t0 = time.perf_counter()
-        again = evolve.open_memory(args.program, store, config=config, notice=lambda _: None)
+        again = evolve.open_memory(args.program, store, setup=setup, notice=lambda _: None)
         opening = time.perf_counter() - t0
         t0 = time.perf_counter()
         again.context(questions[0].question, user="bench", date=questions[0].question_date)
         first = time.perf_counter() - t0
         again.close()
         on_disk = folder_bytes(store)
-        together = {hosts: readers(args, store, config, questions, hosts)
+        together = {hosts: readers(args, store, setup, questions, hosts)
                     for hosts in sorted({1, args.readers})}  # fmt: skip
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{size}: {len(conversation.sessions)} sessions, {n_messages} messages, "
@@ -162,14 +163,14 @@ def measure(size: str, args: argparse.Namespace) -> None:
 def readers(
     args: argparse.Namespace,
     store: Path,
-    config: EvalSetup,
+    setup: EvalSetup,
     questions: list[Question],
     hosts: int,
 ) -> tuple[float, list[float]]:
     """``args.readers`` threads ask every question of one user at once (query embeddings
     cached), over the store opened with ``read_hosts=hosts``: contexts per second of wall time
     and each call's milliseconds. The extra hosts start during a first, unmeasured round."""
-    memory = evolve.open_memory(args.program, store, config=config, notice=lambda _: None,
+    memory = evolve.open_memory(args.program, store, setup=setup, notice=lambda _: None,
                                 read_hosts=hosts, max_live=max(hosts, 8))  # fmt: skip
     walls: list[float] = []
 
@@ -191,7 +192,7 @@ def readers(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "prismem")
     parser.add_argument("--program", type=Path, default=ROOT / "seeds" / "dense.py")
     parser.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")

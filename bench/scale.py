@@ -37,6 +37,7 @@ from contract.program import load_program, offline_units
 from contract.state import dump_state, load_state
 from evolve.datasets.beam import list_conversations, load_conversation
 from evolve.datasets.types import Conversation, Question
+from evolve.environment import folder
 from evolve.models.embed import Embedder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +137,7 @@ def synthetic(data_dir: Path, tokens: int) -> tuple[Conversation, list[Question]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "prismem")
     parser.add_argument("--tokens", type=int, default=10_000_000, help="synthetic history size")
     args = parser.parse_args()

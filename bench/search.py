@@ -32,9 +32,10 @@ from evolve.datasets.types import TaskSet
 from evolve.evaluation.executor import run_eval
 from evolve.evaluation.setup import make_embedder
 from evolve.evolution.cascade import saved_seconds
-from evolve.evolution.loop import Evolution, eval_setup
+from evolve.evolution.loop import Evolution
 from evolve.evolution.manifest import build_manifest
 from evolve.evolution.store import CandidateMeta, RunStore
+from evolve.evolution.wiring import eval_setup
 from evolve.resources import seed_file
 from evolve.scoring.coverage import CoverageScorer, ceiling
 

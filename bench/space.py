@@ -52,7 +52,7 @@ from scale import LocalBackend
 
 from contract.program import load_program, offline_units
 from contract.spec import OUT_CHAR_BUDGET
-from evolve.datasets.benches import BENCHES, load_taskset
+from evolve.benches import registry
 from evolve.datasets.types import TaskSet
 from evolve.evolution.constants import Tunable, Value, searchable
 from evolve.models.embed import Embedder
@@ -105,9 +105,10 @@ def taskset(data_dir: Path, spec: str) -> TaskSet:
     first N conversations)."""
     name, _, first = spec.partition("@")
     bench, _, split = name.partition(":")
-    if bench not in BENCHES:
+    if bench not in registry.names():
         bench, split = "beam", name
-    return load_taskset(bench, data_dir, split).first(int(first) if first else None)
+    tasks = registry.bench(bench).load_taskset(data_dir, split)
+    return tasks.first(int(first) if first else None)
 
 
 def halfway(t: Tunable) -> list[Value]:

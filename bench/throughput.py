@@ -26,7 +26,9 @@ from pathlib import Path
 
 from evolve.datasets.beam import load_taskset
 from evolve.datasets.types import TaskSet
-from evolve.evaluation.executor import EvalError, EvalReport, run_eval
+from evolve.environment import folder
+from evolve.evaluation.executor import EvalError, run_eval
+from evolve.evaluation.report import EvalReport
 from evolve.evaluation.setup import EvalSetup
 from evolve.models.clients import llm_client
 from evolve.models.fake_server import FakeModelServer, FaultPlan, ServerStats, parse_rates
@@ -54,14 +56,14 @@ def one_run(
         shutil.copy(warm, cache / warm.name)
     with FakeModelServer(latency_s=args.latency, faults=faults) as server:
         model = ModelConfig(model="openai/fake", api_base=server.base_url, max_tokens=256)
-        config = EvalSetup(cache_dir=str(cache), task_model=model, embedder=args.embedder,
+        setup = EvalSetup(cache_dir=str(cache), task_model=model, embedder=args.embedder,
                               llm_concurrency=concurrency)  # fmt: skip
         # the judge shares the workers' call log, so it shares their one limit
         judge = llm_client(Models(judge=model), log_path=cache / "llm-calls.sqlite",
                            cache_path=cache / "llm-cache.sqlite",
                            concurrency=concurrency)  # fmt: skip
         start = time.perf_counter()
-        report = run_eval(args.program, tasks, config, jobs=args.jobs, judge=judge)
+        report = run_eval(args.program, tasks, setup, jobs=args.jobs, judge=judge)
         wall = time.perf_counter() - start
         stats = server.stats()
     if not warm.exists() and (cache / warm.name).exists():
@@ -71,10 +73,10 @@ def one_run(
 
 
 def line(label: str, report: EvalReport, stats: ServerStats, wall: float, ideal: float) -> str:
-    split = report.meta["time"]
+    split = report.meta.time
     return (f"{label:>16}: {stats.requests:5d} requests  {wall:8.1f} s  {wall / ideal:5.2f}x ideal "
             f"({ideal:.1f} s)  max in flight {stats.max_in_flight:3d}  errors "
-            f"{report.meta['errors']}  model wait {split['model_wait']:.1f} s, sandbox "
+            f"{report.meta.errors}  model wait {split['model_wait']:.1f} s, sandbox "
             f"{split['sandbox']:.1f} s, local {split['local']:.1f} s, judging "
             f"{split['judging']:.1f} s")  # fmt: skip
 
@@ -110,7 +112,7 @@ def throughput(args: argparse.Namespace) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("EVOLVE_DATA", "")))
+    parser.add_argument("--data-dir", type=Path, default=Path(folder("DATA") or ""))
     parser.add_argument("--program", type=Path, default=ROOT / "seeds" / "hybrid.py")
     parser.add_argument("--split", default="valid")
     parser.add_argument("--conversations", type=int, default=None, help="only the first N")

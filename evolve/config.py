@@ -4,11 +4,11 @@ Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per e
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the LLM
 transport limits (requests in flight for the whole run, seconds per request), the budget caps,
 the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
-evaluation cascade (docs/design.md §4), the guard sets (:mod:`evolve.datasets.guards`), the
+evaluation cascade (docs/design.md §4), the guard sets (:mod:`evolve.benches.guards`), the
 constant proposer's search strategy and its index moves, and the ablations), the evolution
 stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on
-(:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`). The run
-manifest stores the config as JSON
+(:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`, its bench's
+entry in :mod:`evolve.benches.registry`). The run manifest stores the config as JSON
 (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
 
 Invariants: a config is validated whenever it is built, from flags or from a stored manifest:
@@ -34,11 +34,12 @@ from pydantic import (
     field_validator,
 )
 
-from evolve.datasets.guards import parse_guard
+from evolve.benches.guards import parse_guard
+from evolve.benches.registry import bench, names
 from evolve.models import why
 from evolve.models.limiter import DEFAULT_CONCURRENCY
 from evolve.models.llm import ModelConfig
-from evolve.scoring.fitness import Fitness, Variant, choose
+from evolve.scoring.fitness import Fitness, Variant
 
 STAGES = ("cold_start", "refinement", "integration")
 SPLITS = ("train", "valid")
@@ -47,13 +48,6 @@ CHILDREN = 2  # children proposed per round (evaluated concurrently)
 MINIBATCH = 2  # train conversations of a round's cascade minibatch
 # How a config stored without these keys ran: one child, no cascade, index moves allowed
 AS_RAN = {"children": 1, "cascade": False, "index_moves": True}
-# The conversations of train and valid a new run reads when --conversations is not given (a
-# bench not named: all of them). BEAM's first 2: the seed's first evaluation, mostly encoding,
-# grows with every conversation read (with the full splits it had done 2 of 8 train ones after
-# 5.5 min on an AVX2-only 2-core machine; with 2 the whole run took 20 min 50 s there, so its
-# 15-minute goal is still missed:
-# docs/performance.md, "The default run"); ``--conversations all`` reads the full 8 and 6.
-DEFAULT_CONVERSATIONS = {"beam": 2}
 
 
 class ConfigError(ValueError):
@@ -68,7 +62,7 @@ class RunConfig(BaseModel):
     data_dir: str
     seed_program: str
     cache_dir: str
-    bench: str = "beam"  # evolve.datasets.benches: the task sets, splits and native labels
+    bench: str = "beam"  # evolve.benches.registry: the task sets, scorer and fitness metrics
     rounds: dict[str, NonNegativeInt] = Field(
         default_factory=lambda: {"cold_start": 2, "refinement": 6, "integration": 2}
     )
@@ -91,7 +85,7 @@ class RunConfig(BaseModel):
     children: PositiveInt = CHILDREN  # children per round, evaluated concurrently
     cascade: bool = True  # screen each child on a train minibatch before full train + valid
     minibatch: PositiveInt = MINIBATCH  # train conversations in a round's minibatch
-    # guard sets (evolve.datasets.guards specs, canonical): a stored config without them ran
+    # guard sets (evolve.benches.guards specs, canonical): a stored config without them ran
     # without guards
     guards: tuple[str, ...] = ()
     # ablations (docs/design.md §4): no capabilities; how refinement picks its target; which cases
@@ -111,6 +105,13 @@ class RunConfig(BaseModel):
             raise ValueError(f"unknown stages {unknown}; stages are {', '.join(STAGES)}")
         return rounds
 
+    @field_validator("bench")
+    @classmethod
+    def _known_bench(cls, name: str) -> str:
+        if name not in names():
+            raise ValueError(f"unknown bench {name!r}; benches are {', '.join(names())}")
+        return name
+
     @field_validator("guards")
     @classmethod
     def _guard_specs(cls, guards: tuple[str, ...]) -> tuple[str, ...]:
@@ -123,9 +124,9 @@ class RunConfig(BaseModel):
         return self.model_dump(mode="json")
 
     def fitness(self) -> Fitness:
-        """The fitness this run selects on (:func:`evolve.scoring.fitness.choose`)."""
-        return choose(self.bench, self.task_model, self.judge_model is not None,
-                      self.judge_variant)  # fmt: skip
+        """The fitness this run selects on (its bench's, :func:`evolve.scoring.fitness.choose`)."""
+        return bench(self.bench).fitness(self.task_model, self.judge_model is not None,
+                                         self.judge_variant)  # fmt: skip
 
     def llm_limits(self) -> dict[str, Any]:
         """The transport limits as :func:`evolve.models.clients.role_client` takes them."""

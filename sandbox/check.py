@@ -22,8 +22,11 @@ rule, as does a rule of the tier itself (:class:`sandbox.tiers.TierError`). Each
 carries the tier, a rule id, the program line when known (from the host's error frame, never
 parsed out of its text), and one line of text written for a model to repair the program
 (:meth:`CheckReport.repair_text`). A report that passed carries the :class:`CheckedProgram`
-(source, digest, component fingerprints), the only value evaluation takes: nothing needs to
-remember which sources passed, or read the file again.
+(source, digest, component fingerprints, imports), the only value evaluation and the runtime
+take: nothing needs to remember which sources passed, read the file or parse the source again.
+The source is parsed once per check (:func:`sandbox.static.read_source`): tier 1, the imports
+the host loads and the fingerprints all read that tree. A caller that refuses a program that
+did not pass does so through :meth:`CheckReport.require`, in its own words.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contract.program import source_digest
-from sandbox.fingerprint import fingerprints
+from sandbox.fingerprint import tree_fingerprints
 from sandbox.isolate import Host, HostFailure, HostTimeout, Limits, ProgramFailure
 from sandbox.probe import PROBE_UNITS, BackendShape, ProbeBackend, ProbeFailure, fresh_seed, judge
-from sandbox.static import check_source, imported_modules
-from sandbox.tiers import Conversation, TierError, probe_run, smoke_tier
+from sandbox.static import imported_modules, read_source
+from sandbox.tiers import SyntheticConversation, TierError, probe_run, smoke_tier
 
 TIERS = ("source", "schema", "smoke", "probe")
 CHECK_LIMITS = Limits(cpu_seconds=120, memory_mb=4096, call_seconds=60.0)
@@ -61,12 +64,15 @@ class TierResult:
 @dataclass(frozen=True)
 class CheckedProgram:
     """A program that passed every tier: its source as checked, the path it was checked under,
-    its sha256 and its component fingerprints (:mod:`sandbox.fingerprint`)."""
+    its sha256, its component fingerprints (:mod:`sandbox.fingerprint`) and the top-level
+    modules it imports (what its host loads before confinement), all read from the one parse
+    of the check. Picklable: evaluation hands it to its workers whole, and they parse nothing."""
 
     source: str
     path: str
     digest: str
     fingerprints: dict[str, str]
+    imports: frozenset[str]
 
 
 @dataclass
@@ -79,6 +85,13 @@ class CheckReport:
     @property
     def failure(self) -> TierResult | None:
         return next((t for t in self.tiers if not t.passed), None)
+
+    def require(self, refuse: Callable[[str], Exception]) -> CheckedProgram:
+        """The checked program; raises ``refuse(repair text)`` when the check failed (each
+        caller words its own error)."""
+        if self.program is None:
+            raise refuse(self.repair_text())
+        return self.program
 
     def repair_text(self) -> str:
         """One line for the coding model: failing tier, rule, line, what is wrong."""
@@ -108,8 +121,8 @@ def check_program(
     call budget), which tiers 3 and 4 give it too."""
     tiers: list[TierResult] = []
     start = time.perf_counter()
-    findings = check_source(source, parent_source)
-    if findings:
+    tree, findings = read_source(source, parent_source)
+    if tree is None or findings:
         first = findings[0]
         tiers.append(
             TierResult(
@@ -126,8 +139,9 @@ def check_program(
         return CheckReport(False, tiers)
     seed = fresh_seed()
     served = ProbeBackend(backend.dim, seed)
+    imports = imported_modules(tree)
     try:
-        host = Host(limits, serve=served.serve, imports=imported_modules(source))
+        host = Host(limits, serve=served.serve, imports=imports)
     except HostFailure as exc:
         tiers.append(
             TierResult(
@@ -163,7 +177,8 @@ def check_program(
         isolation = host.isolation
     if not (all(t.passed for t in tiers) and len(tiers) == len(TIERS)):
         return CheckReport(False, tiers, isolation)
-    program = CheckedProgram(source, path, source_digest(source), fingerprints(source))
+    fingerprints = tree_fingerprints(tree)
+    program = CheckedProgram(source, path, source_digest(source), fingerprints, imports)
     return CheckReport(True, tiers, isolation, program)
 
 
@@ -177,7 +192,7 @@ def _probe_tier(
     read from outside the host, its embeddings counted by ``backend``."""
     start = time.perf_counter()
     deadline = time.monotonic() + TIER_SECONDS["probe"]
-    conversation = Conversation.draw(PROBE_UNITS, fresh_seed() if seed is None else seed)
+    conversation = SyntheticConversation.draw(PROBE_UNITS, fresh_seed() if seed is None else seed)
 
     def run(units: int) -> dict[str, float]:
         backend.take()

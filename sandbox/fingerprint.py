@@ -227,13 +227,19 @@ def _inert(annotation: ast.expr, bound: set[str]) -> bool:
 def fingerprints(source: str) -> dict[str, str]:
     """Component name -> fingerprint (hex). Raises SyntaxError on unparsable source. A pure
     function of the text, so the last sources' fingerprints are kept (a parent is compared with
-    each of its children, and every conversation of an evaluation keys its steps by them)."""
+    each of its children)."""
     return dict(_fingerprints(source))
 
 
 @functools.lru_cache(maxsize=64)
 def _fingerprints(source: str) -> tuple[tuple[str, str], ...]:
-    graph, members, loose = _program_graph(parse(source))
+    return tuple(tree_fingerprints(parse(source)).items())
+
+
+def tree_fingerprints(tree: ast.Module) -> dict[str, str]:
+    """:func:`fingerprints` of a program already parsed (``tree``, as :mod:`ast` parsed it;
+    read, never changed)."""
+    graph, members, loose = _program_graph(tree)
     roots: dict[str, list[Node]] = {c: [("top", n) for n in top_roots(c)] for c in COMPONENTS}
     for component in MEMORY_COMPONENTS:
         roots[component] += [_HEADER, *(("member", m) for m in memory_roots(component))]
@@ -250,7 +256,7 @@ def _fingerprints(source: str) -> tuple[tuple[str, str], ...]:
     for component, closure in closures.items():
         parts = [[*node, dump(graph.code[node])] for node in sorted(closure) if node in graph.code]
         out[component] = digest(component, parts, loose_dump)
-    return tuple(out.items())
+    return out
 
 
 def changed_components(parent_source: str, child_source: str) -> list[str]:

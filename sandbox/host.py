@@ -87,8 +87,8 @@ def warm_up(on_demand: frozenset[str] | None = None) -> None:
     np.linalg.norm(matrix, axis=1)
     np.argpartition(matrix[:, 0], 2)
     # numpy's C code imports its Python helpers on first use, through the caller's __import__:
-    # a program's first ``x.sum()`` or ``str(x)`` would ask the host's guard for
-    # numpy._core._methods (refused: private). Used once here, numpy keeps them.
+    # a program's first ``x.sum()`` or ``str(x)`` would ask the host's restricted ``__import__``
+    # for numpy._core._methods (refused: private). Used once here, numpy keeps them.
     for method in ("max", "min", "sum", "prod", "mean", "std", "var", "any", "all", "cumsum",
                    "cumprod", "argmax", "argmin", "round"):  # fmt: skip
         getattr(matrix, method)()
@@ -135,13 +135,13 @@ def restricted_builtins() -> dict[str, Any]:
 
     real_import = builtins.__import__
 
-    def guarded_import(name: str, globals: Any = None, locals: Any = None,
+    def restricted_import(name: str, globals: Any = None, locals: Any = None,
                        fromlist: Any = (), level: int = 0) -> Any:  # fmt: skip
         if level != 0 or not import_allowed(name, tuple(fromlist or ())):
             raise ImportError(f"import of {name!r} is not allowed in a memory program")
         return real_import(name, globals, locals, fromlist, level)
 
-    def guarded_getattr(obj: Any, name: str, *default: Any) -> Any:
+    def restricted_getattr(obj: Any, name: str, *default: Any) -> Any:
         if not isinstance(name, str) or name.startswith("_"):
             raise AttributeError(f"getattr of {name!r} is not allowed in a memory program")
         return getattr(obj, name, *default)
@@ -151,7 +151,7 @@ def restricted_builtins() -> dict[str, Any]:
         for k, v in vars(builtins).items()
         if k not in _DENIED_BUILTINS and not (k.startswith("__") and k != "__build_class__")
     }
-    safe.update(__import__=guarded_import, getattr=guarded_getattr, __name__="builtins")
+    safe.update(__import__=restricted_import, getattr=restricted_getattr, __name__="builtins")
     safe.pop("setattr", None)
     safe.pop("delattr", None)
     return safe

@@ -1,6 +1,6 @@
 """Isolation: every execution of candidate code happens in a confined host process.
 
-:class:`Host` starts ``python -I -m sandbox.host`` in a new session (its own process group)
+:class:`Host` starts ``python -I -m sandbox.host`` in a new OS session (its own process group)
 with a throwaway working directory, a minimal environment (no API keys, one BLAS thread) and
 the :class:`Limits` serialised on its command line. The host confines itself before it reads
 any candidate code (see :mod:`sandbox.host`): a new network namespace, resource limits (CPU

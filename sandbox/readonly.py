@@ -1,11 +1,11 @@
 """Sandbox tier 1, a read-only retrieve: ``Memory.retrieve`` must leave the memory as it found it.
 
 Owns :func:`retrieve_mutations`, which returns :data:`sandbox.statefulness.Issue` tuples (rule
-``retrieve-mutation``) that :mod:`sandbox.static` turns into findings. Retrievals are cached
-per (index state, query plan) (:mod:`evolve.evaluation.stepcache`), and a stored memory is restored
-for
-every question, so a retrieve whose answer depends on the retrieves before it would be scored
-on what a cached or restored run never sees.
+``retrieve-mutation``) that :mod:`sandbox.static` turns into findings; which code a call or
+syntax runs is :mod:`sandbox.methods`' resolution. Retrievals are cached per (index state,
+query plan) (:mod:`evolve.evaluation.stepcache`), and a stored memory is restored for every
+question, so a retrieve whose answer depends on the retrieves before it would be scored on what
+a cached or restored run never sees.
 
 What is followed, from ``Memory.retrieve`` (or the one it inherits from a class the program
 defines): every method it reaches through ``self.<name>`` (called, passed as a bound method,
@@ -48,13 +48,23 @@ import ast
 from collections.abc import Iterator
 
 from contract.spec import MEMORY
-from sandbox.statefulness import (
-    IN_PLACE_FUNCTIONS,
-    MUTATING_METHODS,
-    RNG_CONSTRUCTORS,
-    Issue,
-    root_of,
+from sandbox.methods import (
+    ANY_PROTOCOL,
+    ARITH,
+    BUILTIN_DUNDERS,
+    COMPARE,
+    FUNCTIONS,
+    ITEMS,
+    ITER,
+    TEXT,
+    TRUTH,
+    UNARY,
+    Fn,
+    ProgramClasses,
+    decorators,
+    positional,
 )
+from sandbox.statefulness import IN_PLACE_FUNCTIONS, MUTATING_METHODS, Issue, root_of
 
 MUTATORS: frozenset[str] = MUTATING_METHODS | {
     "__setitem__", "__delitem__", "__iadd__", "__isub__", "__imul__", "__ior__", "__iand__",
@@ -62,32 +72,6 @@ MUTATORS: frozenset[str] = MUTATING_METHODS | {
 # Calls whose value holds elements of their argument (for-loop targets over them are aliases).
 _ELEMENT_VIEWS = frozenset({"enumerate", "zip", "reversed", "iter", "filter", "items", "values"})
 _ALIAS_CALLS = frozenset({"get", "setdefault"})  # x.get(k) is an object inside x
-_FUNCTIONS = ast.FunctionDef | ast.AsyncFunctionDef
-_Fn = ast.FunctionDef | ast.AsyncFunctionDef
-# The dunder methods Python calls on an object for syntax or builtins applied to it.
-_ITER = frozenset({"__iter__", "__next__"})  # __next__ only of a class iterating itself
-_ITEMS = frozenset({"__getitem__", "__missing__"})
-_COMPARE = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__"})
-_TEXT = frozenset({"__str__", "__repr__"})
-_TRUTH = frozenset({"__bool__", "__len__"})
-_UNARY = frozenset({"__neg__", "__pos__", "__invert__"})
-_ARITH = frozenset(
-    f"__{op}__"
-    for name in "add sub mul truediv floordiv mod pow matmul and or xor".split()
-    for op in (name, "r" + name)
-)
-_BUILTIN_DUNDERS: dict[str, frozenset[str]] = {
-    "len": frozenset({"__len__"}), "bool": _TRUTH, "str": _TEXT, "repr": _TEXT,
-    "print": _TEXT, "format": _TEXT, "hash": frozenset({"__hash__"}),
-    "abs": frozenset({"__abs__"}), "next": frozenset({"__next__"}),
-    "reversed": _ITER | {"__reversed__", "__len__", "__getitem__"},
-    "sorted": _ITER | _COMPARE, "min": _ITER | _COMPARE, "max": _ITER | _COMPARE,
-    "sum": _ITER | _ARITH, "isinstance": frozenset(), "id": frozenset(), "type": frozenset(),
-    **dict.fromkeys("iter list tuple set frozenset dict enumerate zip map filter any all".split(),
-                    _ITER),
-}  # fmt: skip
-# What a library function given an alias may call on it (a builtin not listed above too).
-_ANY_PROTOCOL = _ITER | _ITEMS | _COMPARE | _TEXT | _TRUTH | _UNARY | _ARITH | {"__contains__"}
 _FIX = (
     "retrieve must leave the memory as it found it (retrievals are cached per index and query): "
     "compute it in index(), or keep it in a local variable of retrieve"
@@ -96,22 +80,6 @@ _RNG_FIX = (
     "draw from a generator made inside retrieve (random.Random(seed)); one kept on self "
     "changes with every draw"
 )
-
-
-def _decorators(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> set[str]:
-    out = set()
-    for d in node.decorator_list:
-        d = d.func if isinstance(d, ast.Call) else d
-        out.add(getattr(d, "id", getattr(d, "attr", "")))
-    return out
-
-
-def _is_name(node: ast.AST | None, name: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == name
-
-
-def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
-    return [*fn.args.posonlyargs, *fn.args.args]
 
 
 def _names(target: ast.AST) -> Iterator[str]:
@@ -147,91 +115,14 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     return out
 
 
-class _Program:
-    """The program's top-level classes and functions, and how ``self.<name>`` resolves."""
-
-    def __init__(self, tree: ast.Module) -> None:
-        self.classes = {s.name: s for s in tree.body if isinstance(s, ast.ClassDef)}
-        self.functions = {s.name: s for s in tree.body if isinstance(s, _FUNCTIONS)}
-        self.owner: dict[int, str] = {}  # id(method) -> the class defining it
-        for cls in self.classes.values():
-            for item in cls.body:
-                if isinstance(item, _FUNCTIONS):
-                    self.owner[id(item)] = cls.name
-        self.mro = self._mro(MEMORY)
-        self.rngs = {  # attributes of self bound to a random generator anywhere in the classes
-            t.attr
-            for cls in self.classes.values() for n in ast.walk(cls)
-            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-            and getattr(n.value.func, "id", getattr(n.value.func, "attr", "")) in RNG_CONSTRUCTORS
-            for t in n.targets if isinstance(t, ast.Attribute)
-        }  # fmt: skip
-        self.methods: dict[str, list[_Fn]] = {}  # name -> the methods of that name, any class
-        for cls in self.classes.values():
-            for item in cls.body:
-                if isinstance(item, _FUNCTIONS):
-                    self.methods.setdefault(item.name, []).append(item)
-        self.next_of_self_iterators: list[_Fn] = []  # __next__ of classes iterating themselves
-        for it in self.methods.get("__iter__", []):
-            if any(_is_name(n.value, _params(it)[0].arg if _params(it) else "")
-                   for n in ast.walk(it) if isinstance(n, ast.Return)):  # fmt: skip
-                self.next_of_self_iterators += [
-                    fn for fn in self.methods.get("__next__", [])
-                    if self.owner[id(fn)] == self.owner[id(it)]
-                ]  # fmt: skip
-
-    def dunders(self, names: frozenset[str], iterating: bool = False) -> list[_Fn]:
-        """The program's methods Python may call for ``names`` (see the module docstring)."""
-        found = [fn for name in sorted(names - {"__next__"}) for fn in self.methods.get(name, [])]
-        if "__next__" in names:
-            found += self.next_of_self_iterators if iterating else self.methods.get("__next__", [])
-        return found
-
-    def constructor(self, name: str) -> list[_Fn]:
-        """What calling the program's class ``name`` runs of its code: ``__init__`` and
-        ``__post_init__`` as its classes resolve them."""
-        out = []
-        for wanted in ("__init__", "__post_init__"):
-            for cls in self._mro(name):
-                found = [i for i in self.classes[cls].body if isinstance(i, _FUNCTIONS)
-                         and i.name == wanted]  # fmt: skip
-                if found:
-                    out.append(found[0])
-                    break
-        return out
-
-    def _mro(self, name: str) -> list[str]:
-        """``name`` and the program-defined classes it derives from, depth first, once each."""
-        out: list[str] = []
-        todo = [name]
-        while todo:
-            current = todo.pop(0)
-            if current in self.classes and current not in out:
-                out.append(current)
-                bases = self.classes[current].bases
-                todo[:0] = [b.id for b in bases if isinstance(b, ast.Name)]
-        return out
-
-    def method(self, name: str, owner: str = MEMORY, after: bool = False) -> _Fn | None:
-        """The method ``self.<name>`` runs in a method of ``owner`` (``super().<name>`` when
-        ``after``)."""
-        mro = self.mro if owner == MEMORY else self._mro(owner)
-        classes = mro[1:] if after else mro
-        for cls in classes:
-            for item in self.classes[cls].body:
-                if isinstance(item, _FUNCTIONS) and item.name == name:
-                    return item
-        return None
-
-
 def retrieve_mutations(tree: ast.Module) -> list[Issue]:
     """Every change ``Memory.retrieve`` (and what it reaches) makes to the memory's state."""
-    program = _Program(tree)
+    program = ProgramClasses(tree)
     start = program.method("retrieve")
-    if start is None or not _params(start):
+    if start is None or not positional(start):
         return []
     issues: dict[tuple[int, str], Issue] = {}
-    todo = [(start, frozenset({_params(start)[0].arg}))]
+    todo = [(start, frozenset({positional(start)[0].arg}))]
     seen: set[tuple[int, frozenset[str]]] = set()
     while todo:
         fn, tainted = todo.pop()
@@ -251,7 +142,7 @@ class _Walk:
 
     def __init__(
         self,
-        program: _Program,
+        program: ProgramClasses,
         fn: ast.FunctionDef | ast.AsyncFunctionDef,
         tainted: frozenset[str],
         entry: bool,
@@ -262,11 +153,11 @@ class _Walk:
         owner = program.owner.get(id(fn))
         self.owner = owner
         self.where = f"{owner}.{fn.name}" if owner else fn.name
-        params = _params(fn)
-        plain = owner is not None and not _decorators(fn) & {"staticmethod", "classmethod"}
+        params = positional(fn)
+        plain = owner is not None and not decorators(fn) & {"staticmethod", "classmethod"}
         self.self_name = params[0].arg if plain and params else None
         self.nodes = [n for stmt in fn.body for n in ast.walk(stmt)]
-        self.local_functions = {n.name: n for n in self.nodes if isinstance(n, _FUNCTIONS)}
+        self.local_functions = {n.name: n for n in self.nodes if isinstance(n, FUNCTIONS)}
         self.aliases = set(tainted)
         self.reached: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, frozenset[str]]] = []
         self._bind_aliases()
@@ -366,12 +257,12 @@ class _Walk:
             own = self._method(func) if self._on_self(func.value) else None
             targets = [own] if own is not None else self.program.methods.get(func.attr, [])
             for target in targets:
-                kind = _decorators(target) & {"staticmethod", "classmethod"}
+                kind = decorators(target) & {"staticmethod", "classmethod"}
                 if "classmethod" not in kind:  # the class-state rule covers a classmethod
                     self._queue(target, call, bound=not kind, receiver=receiver)
                     resolved = True
             if not resolved and receiver and not self._on_self(func.value):
-                self._dunders(func.value, _COMPARE)  # a library method of the state: x.index(y)
+                self._dunders(func.value, COMPARE)  # a library method of the state: x.index(y)
         elif isinstance(func, ast.Name):
             function = self.local_functions.get(func.id) or self.program.functions.get(func.id)
             if function is not None:
@@ -380,7 +271,7 @@ class _Walk:
                 for ctor in self.program.constructor(func.id):
                     self._queue(ctor, call, bound=True, receiver=False)
             else:  # a builtin or a library function
-                names = _BUILTIN_DUNDERS.get(func.id, _ANY_PROTOCOL)
+                names = BUILTIN_DUNDERS.get(func.id, ANY_PROTOCOL)
                 for arg in _arguments(call):
                     self._dunders(arg, names, iterating=func.id != "next")
             resolved = True
@@ -391,13 +282,14 @@ class _Walk:
             self._dunders(func, frozenset({"__call__"}))
         if not resolved and not isinstance(func, ast.Name):  # a library function: np.mean(x)
             for arg in _arguments(call):
-                self._dunders(arg, _ANY_PROTOCOL)
+                self._dunders(arg, ANY_PROTOCOL)
 
-    def _queue(self, target: _Fn, call: ast.Call, bound: bool, receiver: bool) -> None:
+    def _queue(self, target: Fn, call: ast.Call, bound: bool, receiver: bool) -> None:
         """Queue ``target`` with the parameters ``call`` gives an alias (and its ``self`` when
         it is bound to an alias, ``receiver``)."""
-        params = _params(target)[1:] if bound else _params(target)
-        tainted = {_params(target)[0].arg} if bound and receiver and _params(target) else set()
+        every = positional(target)
+        params = every[1:] if bound else every
+        tainted = {every[0].arg} if bound and receiver and every else set()
         everything = {p.arg for p in (*params, *target.args.kwonlyargs)}
         everything |= {a.arg for a in (target.args.vararg, target.args.kwarg) if a}
         for i, arg in enumerate(call.args):
@@ -424,7 +316,7 @@ class _Walk:
         call them on it, with it as ``self``."""
         if self.alias(expr):
             for method in self.program.dunders(names, iterating):
-                params = _params(method)
+                params = positional(method)
                 if params:
                     self.reached.append((method, frozenset({params[0].arg})))
 
@@ -432,29 +324,29 @@ class _Walk:
         """The dunder methods syntax calls on an alias (item reads, iteration, ``in``,
         comparisons, arithmetic, truth tests, f-strings, ``with``)."""
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
-            self._dunders(node.value, _ITEMS)
+            self._dunders(node.value, ITEMS)
         elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
-            self._dunders(node.iter, _ITER)
+            self._dunders(node.iter, ITER)
         elif isinstance(node, ast.Compare):
             lefts = [node.left, *node.comparators[:-1]]
             for op, left, right in zip(node.ops, lefts, node.comparators, strict=True):
                 if isinstance(op, ast.In | ast.NotIn):
-                    self._dunders(right, _ITER | _COMPARE | {"__contains__"})
+                    self._dunders(right, ITER | COMPARE | {"__contains__"})
                 else:
-                    self._dunders(left, _COMPARE)
-                    self._dunders(right, _COMPARE)
+                    self._dunders(left, COMPARE)
+                    self._dunders(right, COMPARE)
         elif isinstance(node, ast.BinOp):
-            self._dunders(node.left, _ARITH)
-            self._dunders(node.right, _ARITH)
+            self._dunders(node.left, ARITH)
+            self._dunders(node.right, ARITH)
         elif isinstance(node, ast.UnaryOp):
-            self._dunders(node.operand, _TRUTH if isinstance(node.op, ast.Not) else _UNARY)
+            self._dunders(node.operand, TRUTH if isinstance(node.op, ast.Not) else UNARY)
         elif isinstance(node, ast.If | ast.While | ast.IfExp | ast.Assert):
-            self._dunders(node.test, _TRUTH)
+            self._dunders(node.test, TRUTH)
         elif isinstance(node, ast.BoolOp):
             for value in node.values:
-                self._dunders(value, _TRUTH)
+                self._dunders(value, TRUTH)
         elif isinstance(node, ast.FormattedValue):
-            self._dunders(node.value, _TEXT)
+            self._dunders(node.value, TEXT)
         elif isinstance(node, ast.With | ast.AsyncWith):
             for item in node.items:
                 self._dunders(item.context_expr, frozenset({"__enter__", "__exit__"}))
@@ -472,7 +364,7 @@ class _Walk:
             and self.self_name is not None
         )
 
-    def _method(self, func: ast.Attribute) -> _Fn | None:
+    def _method(self, func: ast.Attribute) -> Fn | None:
         """The method ``self.<name>`` (or ``super().<name>``) runs, as the class of the
         function walked resolves it."""
         return self.program.method(
@@ -489,8 +381,8 @@ class _Walk:
                 continue
             own = self._method(node) if self._on_self(node.value) else None
             for method in [own] if own is not None else self.program.methods.get(node.attr, []):
-                params = _params(method)
-                if params and not _decorators(method) & {"staticmethod", "classmethod"}:
+                params = positional(method)
+                if params and not decorators(method) & {"staticmethod", "classmethod"}:
                     self.reached.append((method, frozenset({params[0].arg})))
 
 

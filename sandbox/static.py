@@ -1,7 +1,8 @@
 """Sandbox tier 1, static: reject a candidate memory program from its source text alone.
 
 Owns :func:`check_source`: it reads a program (LLM-written, so hostile) with :mod:`ast` and
-returns every :class:`Finding`, each a one-line repair hint for the proposing model. The rules on
+returns every :class:`Finding`, each a one-line repair hint for the proposing model
+(:func:`read_source` returns the tree it parsed too). The rules on
 names, attributes, imports and strings are checked here against the lists of
 :mod:`sandbox.surface`; the rules on state, the object model, annotations and a read-only
 ``retrieve`` live in :mod:`sandbox.statefulness`, :mod:`sandbox.objects`,
@@ -106,7 +107,7 @@ from sandbox.surface import (
 # The lists and the import rule live in sandbox.surface; these names stay importable from here.
 __all__ = [
     "ALLOWED_IMPORTS", "REVIEWED_MEMBERS", "Finding", "check_source", "import_allowed",
-    "imported_modules",
+    "imported_modules", "read_source",
 ]  # fmt: skip
 
 
@@ -133,16 +134,19 @@ _ATTR_HINTS = {  # attributes refused for another reason than _ATTR_HINT's
     "info": "a library helper of that name imports or opens by name; use another name",
 }
 _SAVE_HINT = "programs may not load or save files; keep data in Memory (json.loads/dumps is fine)"
-_EVAL_HINT = "programs may not touch the evaluator, labels, splits or run store; remove it"
+_EVAL_HINT = "programs may not touch the scorers, labels, splits or run store; remove it"
 
 
-def imported_modules(source: str) -> frozenset[str]:
-    """The top-level names of every module ``source`` imports, anywhere in it (empty when it
-    does not parse: such a program never loads)."""
-    try:
-        tree = parse(source)
-    except SyntaxError:
-        return frozenset()
+def imported_modules(program: str | ast.AST) -> frozenset[str]:
+    """The top-level names of every module a program imports, anywhere in it; ``program`` is
+    its source (empty when it does not parse: such a program never loads) or its tree."""
+    if isinstance(program, str):
+        try:
+            tree = parse(program)
+        except SyntaxError:
+            return frozenset()
+    else:
+        tree = program
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -157,18 +161,28 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
 
     A candidate equal to ``parent_source`` (what it was patched from) up to comments and
     layout is ``unchanged``."""
+    return read_source(source, parent_source)[1]
+
+
+def read_source(
+    source: str, parent_source: str | None = None
+) -> tuple[ast.Module | None, list[Finding]]:
+    """The one parse of ``source`` (None when it is empty or does not parse) and
+    :func:`check_source`'s findings on it; the tree is left as parsed (nothing here changes
+    it), so the sandbox check reads the imports and fingerprints from it too."""
     if not source.strip():
         fix = f"write a complete memory program defining {', '.join(REQUIRED_NAMES)}"
-        return [Finding("empty", _say("the program is empty", None, fix), None)]
+        return None, [Finding("empty", _say("the program is empty", None, fix), None)]
     try:
         tree = parse(source)
     except SyntaxError as exc:
         fix = "fix it so the file parses as Python 3.11"
-        return [Finding("syntax", _say(f"syntax error: {exc.msg}", exc.lineno, fix), exc.lineno)]
+        problem = f"syntax error: {exc.msg}"
+        return None, [Finding("syntax", _say(problem, exc.lineno, fix), exc.lineno)]
     except _PARSE_ERRORS as exc:
         problem = f"the source cannot be parsed ({type(exc).__name__})"
         fix = "remove null bytes and very deeply nested expressions"
-        return [Finding("syntax", _say(problem, None, fix), None)]
+        return None, [Finding("syntax", _say(problem, None, fix), None)]
     findings: list[Finding] = list(_control_characters(source))
     if parent_source is not None and _unchanged(source, tree, parent_source):
         problem = "the program is unchanged from its parent (at most comments or layout differ)"
@@ -180,7 +194,7 @@ def check_source(source: str, parent_source: str | None = None) -> list[Finding]
     state += retrieve_mutations(tree)
     findings += [Finding(r, _say(problem, line, fix), line) for r, line, problem, fix in state]
     findings += _Checker(tree, selves).run()
-    return sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
+    return tree, sorted(dict.fromkeys(findings), key=lambda f: (f.line is not None, f.line or 0))
 
 
 # Characters that steer a terminal or reorder what a reader sees (ESC, BEL, bidi overrides):
@@ -386,7 +400,7 @@ class _Checker:
         if isinstance(node.ctx, ast.Store | ast.Del):
             root = root_of(node)
             if isinstance(root, ast.Name) and root.id in self.import_bound:
-                fix = "imported modules and names are shared with the evaluator; leave them alone"
+                fix = "imported modules and names are shared with the host's code; leave them alone"
                 self._add("module-mutation", node, f"assignment to '{root.id}.{node.attr}'", fix)
         self._attribute(node.attr, node, receiver)
         if node.attr == "format":  # also flags str.format(template, ...): the receiver is 'str'

@@ -30,11 +30,11 @@ with rule ``contract``, which :mod:`sandbox.check` reports as the tier's rule.
   (:mod:`sandbox.probe` judges it). ``open`` lets the previous run's memory go and collects
   its garbage before the clock starts.
 
-The synthetic conversation (:class:`Conversation`) is drawn afresh for each check: sessions of
-6 to 30 messages (:data:`SESSION_SIZES`) whose ids, session ids, roles and dates follow one of
-the real benchmarks' styles (BEAM, LoCoMo, LongMemEval), messages of a few words to a few
-hundred made of sentences over a vocabulary of about two hundred words, questions of the
-benchmarks' shapes.
+The synthetic conversation (:class:`SyntheticConversation`) is drawn afresh for each check:
+sessions of 6 to 30 messages (:data:`SESSION_SIZES`) whose ids, session ids, roles and dates
+follow one of the real benchmarks' styles (BEAM, LoCoMo, LongMemEval), messages of a few words
+to a few hundred made of sentences over a vocabulary of about two hundred words, questions of
+the benchmarks' shapes.
 
 What this does not hide: a program can always guess from content (the vocabulary is small
 and the sentences are generated; a question never matches what was said as a real one does;
@@ -43,9 +43,10 @@ them), from timing (every row comes back at once, where MiniLM takes millisecond
 it has not cached) and, with the real builtins, from the host's own limits and history (a
 check opens several memories in one host). What holds then is evaluation's own
 line: every evaluation request has a CPU and wall-clock deadline (:class:`sandbox.isolate.
-Limits`, ``add`` and ``retrieve`` timeouts in :mod:`evolve.evaluation.pipeline`), so a program that
-behaves quadratically only where it is not watched fails there, on the questions it is scored
-on, and the step cache keys retrievals on the index state and query whatever a tier saw.
+Limits`; the indexing deadline ``IndexBudget`` and the retrieve timeout of
+:mod:`evolve.evaluation.pipeline`), so a program that behaves quadratically only where it is not
+watched fails there, on the questions it is scored on, and the step cache keys retrievals on
+the index state and query whatever a tier saw.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def _message_text(rng: random.Random) -> str:
 
 
 @dataclass(frozen=True)
-class Conversation:
+class SyntheticConversation:
     """A check's synthetic history: sessions in order (with their wire form) and questions."""
 
     sessions: tuple[Segment, ...]
@@ -154,7 +155,7 @@ class Conversation:
     question_date: str | None
 
     @classmethod
-    def draw(cls, n_units: int, seed: int) -> Conversation:
+    def draw(cls, n_units: int, seed: int) -> SyntheticConversation:
         rng = random.Random(seed)
         style = rng.choice(("beam", "locomo", "longmemeval"))
         speakers = ("user", "assistant") if style != "locomo" else tuple(rng.sample(_NAMES, 2))
@@ -268,7 +269,7 @@ _ANSWER_CHANGED = (
 def smoke_tier(host: Host, shape: BackendShape, seconds: float, seed: int) -> dict[str, Any]:
     """Tier 3 (see the module docstring): its details, or :class:`TierError`."""
     run = _Driver(host, shape, time.monotonic() + seconds)
-    conversation = Conversation.draw(SMOKE_UNITS + 40, seed)  # a session after the units
+    conversation = SyntheticConversation.draw(SMOKE_UNITS + 40, seed)  # a session after the units
     sessions = conversation.prefix(SMOKE_UNITS)
     empty = {**conversation.wire[len(sessions)], "messages": []}
     run.open()
@@ -291,7 +292,11 @@ def smoke_tier(host: Host, shape: BackendShape, seconds: float, seed: int) -> di
 
 
 def probe_run(
-    host: Host, shape: BackendShape, conversation: Conversation, units: int, deadline: float
+    host: Host,
+    shape: BackendShape,
+    conversation: SyntheticConversation,
+    units: int,
+    deadline: float,
 ) -> dict[str, float]:
     """One run of the probe (see the module docstring): the host's CPU seconds and the
     number of sessions indexed."""

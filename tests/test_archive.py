@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evolve.evaluation.report import MetricRow
 from evolve.evolution.archive import archive, fitness, improves, question_fitness
 from evolve.evolution.store import CandidateMeta
 from evolve.trace import QuestionTrace
@@ -46,7 +47,7 @@ OUTLIER = [-0.02] * 23 + [0.6]
 
 
 def test_paired_bootstrap_accepts_consistent_gains_only():
-    assert fitness({"evidence_similarity": 0.5, "evidence_hit_rate": 0.5}) == 0.5
+    assert fitness(MetricRow(evidence_similarity=0.5, evidence_hit_rate=0.5)) == 0.5
     assert improves({q: v + 0.05 for q, v in BASE.items()}, BASE)
     assert improves(shifted(SURE), BASE)
     for diffs in (UNSURE, OUTLIER):

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from evolve.benches.registry import bench
 from evolve.datasets.types import Question
 from evolve.models.testing import ScriptedLLM
-from evolve.scoring.answers import make_scorer
 from evolve.scoring.beam_judge import Scorer
 from evolve.scoring.ordering import answer_lines, kendall_tau_b, ordering_scores, rank_vectors
 
@@ -106,7 +106,7 @@ def test_headline_averages_questions_per_conversation_then_conversations():
 
 
 def test_without_a_judge_nothing_is_judged_and_the_report_says_so():
-    scorer = make_scorer("beam", None)
+    scorer = bench("beam").scorer(None)
     scores = scorer.score(question(), "x").scores
     assert {v for k, v in scores.items() if k != "answer_f1"} == {None}
     assert scores["answer_f1"] == 0.0  # the judge-free token F1 is still computed

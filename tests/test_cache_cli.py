@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evolve.cli.main import main
-from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.identity import pipeline_version
 from evolve.evaluation.stepcache import StepStore
 
 

@@ -11,26 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import run_config
 
 from evolve.evolution.annotate import Labels
 from evolve.evolution.archive import archive
 from evolve.evolution.cascade import minibatch, saved_seconds
-from evolve.evolution.loop import Evolution, RunConfig
-from evolve.evolution.selection import ranking, spread
-from evolve.evolution.stages import refinement_targets
+from evolve.evolution.loop import Evolution
+from evolve.evolution.selection import DependencyAware, RoundRobin, ranking, spread
 from evolve.evolution.store import CandidateMeta, RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
 WEAK = HYBRID.replace("TOP_K = 80 ", "TOP_K = 1 ")  # one unit per question: clearly worse
-
-
-def config(data_dir: Path, cache: Path, **over: object) -> RunConfig:
-    base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(cache), "jobs": 1, "embedder": "hashing", "conversations": 2,
-            "minibatch": 1, "rounds": dict.fromkeys(("cold_start", "refinement", "integration"),
-                                                    0)}  # fmt: skip
-    return RunConfig(**{**base, **over})  # type: ignore[arg-type]
+# the runs here: conftest's run_config on two train conversations, a one-conversation minibatch
+SCREENING = {"conversations": 2, "minibatch": 1,
+             "rounds": dict.fromkeys(("cold_start", "refinement", "integration"), 0)}  # fmt: skip
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 def add(store: RunStore, source: str, parents: list[str], stage: str) -> CandidateMeta:
@@ -44,7 +40,7 @@ def screened(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RunSto
     weak program's revision back to the seed is screened against the weak one (better) and a
     weak child against the seed (worse). A fresh cache, so stage counters mean something."""
     root = tmp_path_factory.mktemp("cascade")
-    cfg = config(data_dir, root / "cache")
+    cfg = run_config(data_dir, root / "cache", **SCREENING)
     store = RunStore.create(root, {"config": cfg.as_json()}, run_id="screen")
     evolution = Evolution(store, cfg)
     seed = add(store, HYBRID, [], "seed")
@@ -82,11 +78,11 @@ def test_the_cascade_promotes_a_better_child_and_reuses_its_minibatch(screened: 
     batch = better.cascade["conversations"]
     assert len(batch) == 1 and better.cascade["questions"] > 0
     # the full train evaluation reused the minibatch's retrievals and computed only the rest
-    mb = better.scores["minibatch"]["stages"]["retrieve"]
-    train = better.scores["train"]["stages"]["retrieve"]
+    mb = better.scores["minibatch"].steps["retrieve"]
+    train = better.scores["train"].steps["retrieve"]
     assert mb["computed"] == better.cascade["questions"] and mb["reused"] == 0
     assert train["reused"] == better.cascade["questions"]
-    every = len(better.scores["train"]["question_capabilities"])  # one per train question
+    every = len(better.scores["train"].question_capabilities)  # one per train question
     assert train["computed"] == every - train["reused"] > 0
     assert better.seconds > better.cascade["seconds"]  # minibatch and full, both counted
     phases = [(e["data"]["candidate"], e["data"]["phase"]) for e in screened.events("evaluating")]
@@ -95,9 +91,9 @@ def test_the_cascade_promotes_a_better_child_and_reuses_its_minibatch(screened: 
 
 def test_the_minibatch_is_where_the_parent_fails_most(screened: RunStore, data_dir: Path):
     weak = screened.candidates()[1]
-    cfg = config(data_dir, Path(screened.manifest["config"]["cache_dir"]))
+    cfg = run_config(data_dir, Path(screened.manifest["config"]["cache_dir"]), **SCREENING)
     train = Evolution(screened, cfg).tasks("train")
-    per = weak.scores["train"]["questions"]
+    per = weak.scores["train"].questions
     means = {c: [per[q.id] for q in qs if q.id in per] for c, qs in
              train.by_conversation().items()}  # fmt: skip
     worst = min(means, key=lambda c: (sum(means[c]) / len(means[c]), c))
@@ -132,31 +128,32 @@ def test_refinement_children_follow_the_dependency_rule():
     per = {q: {"F": 0.9, "T": 0.2, "P": 0.5, "M": 0.4, "A": 0.8}[q[0]] for q in labels}
     parent = _meta(0, per)
     assert ranking(per, labels) == ["T", "M", "P", "A", "F"]
-    assert refinement_targets(parent, [parent], labels, "dependency", 0, 4) == [
+    assert DependencyAware().targets(parent, [parent], labels, 0, 4) == [
         "T", "T", "M", "P"]  # fmt: skip
     # last round's T children did not raise T: T is stalled and goes last; M gained
     tried = [
         _meta(1, {**per, "T0": 0.1}, "refinement", capability="T", parents=[parent.id]),
         _meta(2, {**per, "M0": 0.9}, "refinement", capability="M", parents=[parent.id]),
     ]
-    stalled = refinement_targets(parent, [parent, *tried], labels, "dependency", 1, 2)
+    stalled = DependencyAware().targets(parent, [parent, *tried], labels, 1, 2)
     assert stalled == ["M", "P"]
-    assert refinement_targets(parent, [parent], labels, "round-robin", 1, 3) == ["M", "A", "F"]
+    assert RoundRobin().targets(parent, [parent], labels, 1, 3) == ["M", "A", "F"]
 
 
-def test_a_replayed_round_proposes_the_same_children(data_dir: Path, tmp_path: Path):
+def test_a_replayed_round_proposes_the_same_children(
+    data_dir: Path, offline_cache: Path, tmp_path: Path
+):
     """The K children's requests differ only by ``child`` and by their earlier siblings, and
     rebuilding a round (as a resume does) proposes the same sources."""
-    cfg = config(data_dir, tmp_path / "cache", conversations=1, children=3,
-                 rounds={"cold_start": 0, "refinement": 1, "integration": 0})  # fmt: skip
+    one_round = {"cold_start": 0, "refinement": 1, "integration": 0}
+    cfg = run_config(data_dir, offline_cache, minibatch=1, children=3, rounds=one_round)
     store = RunStore.create(tmp_path, {"config": cfg.as_json()}, run_id="replay")
     Evolution(store, cfg).run()
     first = [c.source_sha256 for c in store.candidates()[1:]]
     assert len(set(first)) == 3  # three distinct children
     targets = [c.capability for c in store.candidates()[1:]]
     seed = store.candidates()[0]
-    assert targets == refinement_targets(seed, [seed], Evolution(store, cfg).labels(),
-                                         "dependency", 0, 3)  # fmt: skip
+    assert targets == DependencyAware().targets(seed, [seed], Evolution(store, cfg).labels(), 0, 3)
     replay = Evolution(RunStore.open(tmp_path, "replay"), cfg)
     siblings: frozenset[str] = frozenset()
     again = []

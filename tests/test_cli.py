@@ -142,7 +142,7 @@ def test_run_no_reuse_recomputes_every_stage(
     assert checked.count(seed) == 1  # before the run is created, and not again by the run
     for c in evaluated:
         for split in ("train", "valid"):
-            stages = c.scores[split]["stages"]
+            stages = c.scores[split].steps
             assert all(counts["reused"] == 0 for counts in stages.values()), (c.id, stages)
             assert stages["extract"]["computed"] > 0 and stages["index"]["computed"] == 1
 
@@ -173,9 +173,10 @@ def test_eval_bad_input_is_one_error_line(
 def test_missing_data_dir_setting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
+    monkeypatch.delenv("PRISMEM_DATA", raising=False)
     monkeypatch.delenv("EVOLVE_DATA", raising=False)
     code, _, err = run_cli(capsys, "eval", "--program", DENSE)
-    assert code == 2 and "pass --data-dir DIR or set EVOLVE_DATA" in error_lines(err)[0]
+    assert code == 2 and "pass --data-dir DIR or set PRISMEM_DATA" in error_lines(err)[0]
 
 
 def test_malformed_benchmark_file(one_conv: Path, capsys: pytest.CaptureFixture[str]):
@@ -260,10 +261,11 @@ def test_run_dry_run_estimates_without_running(
 def test_run_reads_the_benchs_default_slice_unless_told(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    """BEAM's default run reads the first DEFAULT_CONVERSATIONS of train and valid, says so and
+    """BEAM's default run reads the first ``Bench.conversations`` of train and valid, says so and
     stores it; ``--conversations all`` reads the full splits, a count reads that many."""
-    from evolve.config import DEFAULT_CONVERSATIONS, RunConfig
-    from evolve.evolution.loop import task_set
+    from evolve.benches.registry import bench
+    from evolve.config import RunConfig
+    from evolve.evolution.wiring import task_set
 
     def questions(conversations: int | None) -> int:
         config = RunConfig(data_dir=str(data_dir), seed_program="x", cache_dir="x",
@@ -271,7 +273,7 @@ def test_run_reads_the_benchs_default_slice_unless_told(
         return sum(len(task_set(config, split).questions) for split in ("train", "valid"))
 
     base = ["run", "--dry-run", "--data-dir", str(data_dir), "--runs-dir", str(tmp_path)]
-    default = DEFAULT_CONVERSATIONS["beam"]
+    default = bench("beam").conversations
     code, out, err = run_cli(capsys, *base)
     said = f"read their first {default} conversations (the default"
     assert code == 0 and said in err and f"of {questions(default)} train+valid" in out

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import paired_beats
+from conftest import paired_beats, run_config
 
 from evolve.config import REPAIRS
+from evolve.evaluation.report import ScoreBlock
 from evolve.evolution.budget import calls_path, read_spend
 from evolve.evolution.coder import PatchError, apply_reply, render_request, system_prompt
 from evolve.evolution.loop import Evolution, RunConfig, specialists
@@ -29,6 +30,10 @@ from evolve.scoring.fitness import DEFINITIONS, MODES, VERSION, Fitness, Mode
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
 ROUNDS = {"cold_start": 1, "refinement": 2, "integration": 1}
+# the runs here: conftest's run_config with these, one child per round, a scripted coder
+SCRIPTED = {"rounds": ROUNDS, "coder_model": {"model": "scripted"}, "children": 1,
+            "cascade": False}  # fmt: skip
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 def edit(message: str, search: str, replace: str) -> str:
@@ -67,14 +72,6 @@ def coder_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str
     if purpose.startswith("integration"):
         return GOOD_USER
     raise AssertionError(f"unexpected coder call {purpose} with {repairs} repairs")
-
-
-def config(data_dir: Path, cache: Path, **over: Any) -> RunConfig:
-    base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
-            "conversations": 1, "coder_model": {"model": "scripted"},
-            "children": 1, "cascade": False}  # fmt: skip
-    return RunConfig(**{**base, **over})
 
 
 def start(root: Path, run_id: str, cfg: RunConfig, script: Any = coder_script) -> Evolution:
@@ -126,8 +123,9 @@ def test_whole_file_fallback_and_no_usable_reply():
 
 
 def test_prompt_shows_contract_train_scores_cases_and_never_valid():
-    scores = {"train": {"overall": {"n": 3, "evidence_similarity": 0.5, "evidence_hit_rate": 0.25},
-                        "by_capability": {}}}  # fmt: skip
+    scores = {"train": ScoreBlock.model_validate({
+        "overall": {"n": 3, "evidence_similarity": 0.5, "evidence_hit_rate": 0.25},
+        "by_capability": {}})}  # fmt: skip
     case = {"id": "q1", "capability": "T", "ability": "temporal_reasoning", "question": "When?",
             "reference_answer": "In May", "evidence": ["[2024-05-01] user: it was May"],
             "query": {"text": "When?"}, "retrieved": "nothing", "retrieved_chars": 7,
@@ -137,7 +135,7 @@ def test_prompt_shows_contract_train_scores_cases_and_never_valid():
     text = render_request(request)
     assert "temporal tracking" in text and "it was May" in text and "0.500" in text
     assert HYBRID in text and "valid" not in text.lower().replace("invalid", "")
-    prompt = system_prompt(Fitness("retrieval", "beam"))
+    prompt = system_prompt(Fitness("retrieval"))
     assert "MemoryUnit" in prompt and "numpy" in prompt
 
 
@@ -145,7 +143,7 @@ def test_prompt_shows_contract_train_scores_cases_and_never_valid():
 def test_the_coder_is_told_the_fitness_in_force(mode: Mode, monkeypatch: pytest.MonkeyPatch):
     """The system prompt states the mode's one definition (scoring/fitness.py), and follows a
     change of it."""
-    fitness = Fitness(mode, "beam")
+    fitness = Fitness(mode, ("beam_{variant}",))
     prompt = system_prompt(fitness)
     assert DEFINITIONS[mode] in prompt and f"version {VERSION}" in prompt
     assert all(DEFINITIONS[other] not in prompt for other in MODES if other != mode)
@@ -162,7 +160,7 @@ def coder_run(
     data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Evolution:
     root = tmp_path_factory.mktemp("coder")
-    evolution = start(root, "whole", config(data_dir, offline_cache))
+    evolution = start(root, "whole", run_config(data_dir, offline_cache, **SCRIPTED))
     evolution.run()
     return evolution
 
@@ -230,13 +228,14 @@ def test_budget_stops_cleanly_and_resumes_with_a_higher_cap(
 ):
     first_round = coder_run.store.load_state()["round_costs"][0]["usd"]
     cap = 1.5 * first_round  # room for the first round, not for a second as dear
-    first = start(tmp_path, "capped", config(data_dir, offline_cache, max_usd=cap))
+    first = start(tmp_path, "capped", run_config(data_dir, offline_cache, **SCRIPTED, max_usd=cap))
     first.run()
     assert first.stopped and "USD cap" in first.stopped
     done = len(first.store.candidates())
     spent = read_spend(first.store.root).total
     assert done == 2 and spent.cost_usd == pytest.approx(first_round) and spent.cost_usd <= cap
-    resumed = start(tmp_path, "capped", config(data_dir, offline_cache, max_usd=1.0))
+    uncapped = run_config(data_dir, offline_cache, **SCRIPTED, max_usd=1.0)
+    resumed = start(tmp_path, "capped", uncapped)
     resumed.run()
     assert resumed.stopped is None and len(resumed.store.candidates()) == 5
     assert read_spend(resumed.store.root).total.calls > spent.calls  # never reset
@@ -245,7 +244,7 @@ def test_budget_stops_cleanly_and_resumes_with_a_higher_cap(
 def test_interrupted_coder_run_resumes_to_the_same_archive(
     coder_run: Evolution, data_dir: Path, offline_cache: Path, tmp_path: Path
 ):
-    cfg = config(data_dir, offline_cache)
+    cfg = run_config(data_dir, offline_cache, **SCRIPTED)
     calls = []
 
     def crashing(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:

@@ -10,7 +10,6 @@ model server, one conversation with ``jobs=1`` keeps several requests in flight.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import first_sessions
+from conftest import first_sessions, unchecked
 
 from evolve.datasets.types import TaskSet
 from evolve.evaluation.executor import run_eval
@@ -30,7 +29,6 @@ from evolve.models.fake_server import FakeModelServer
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
 from sandbox.check import CheckedProgram
-from sandbox.fingerprint import fingerprints
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 # dense, with a retrieval that numbers its calls: the text depends on the order of host calls.
@@ -41,12 +39,6 @@ COUNTING = (SEEDS / "dense.py").read_text().replace(
     "    asked = 0\n\n    def retrieve(self, query):\n        self.asked += 1\n",
 ).replace("        return pack(chosen, OUT_CHAR_BUDGET)\n",
           '        return f"call {self.asked}\\n" + pack(chosen, OUT_CHAR_BUDGET)\n')  # fmt: skip
-
-
-def unchecked(source: str, path: Path) -> CheckedProgram:
-    """``source`` as if it had passed the sandbox's checks."""
-    digest = hashlib.sha256(source.encode()).hexdigest()
-    return CheckedProgram(source, str(path), digest, fingerprints(source))
 
 
 def jittery_task(role: str, purpose: str, messages: list[Message]) -> str:
@@ -83,7 +75,7 @@ def _evaluate(
     for t in traces:
         t.pop("retrieve_ms")  # wall-clock time, not a result
     calls = {role: u["purposes"] for role, u in report.usage.items()}
-    return {"traces": traces, "scores": report.scores, "stages": report.stages, "calls": calls,
+    return {"traces": traces, "scores": report.scores, "steps": report.steps, "calls": calls,
             "store": _store(cache / "stages")}  # fmt: skip
 
 
@@ -111,8 +103,8 @@ def test_concurrency_16_equals_sequential(tasks: TaskSet, tmp_path: Path) -> Non
     one = _evaluate(program, tasks, tmp_path / "c1", 1)
     many = _evaluate(program, tasks, tmp_path / "c16", 16)
     assert one["traces"][0]["retrieved"].startswith("call 1\n")  # the adversary is in place
-    assert one["stages"]["plan"]["reused"] == 1  # the twin reuses its plan
-    for part in ("traces", "scores", "stages", "calls", "store"):
+    assert one["steps"]["plan"]["reused"] == 1  # the twin reuses its plan
+    for part in ("traces", "scores", "steps", "calls", "store"):
         assert many[part] == one[part], part
 
 
@@ -123,11 +115,11 @@ def test_one_conversation_keeps_several_calls_in_flight(tasks: TaskSet, tmp_path
                               embedder="hashing", llm_concurrency=8)  # fmt: skip
         report = run_eval(SEEDS / "dense.py", tasks, config, jobs=1)
         stats = server.stats()
-    assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
+    assert report.meta.errors == 0, [t.error for t in report.traces if t.error]
     assert stats.max_in_flight > 1  # windows and questions overlap within one conversation
-    split = report.meta["time"]
+    split = report.meta.time
     assert split["model_wait"] > 0 and split["sandbox"] > 0 and split["local"] > 0
-    assert sum(split[k] for k in ("model_wait", "sandbox", "local")) <= report.meta["seconds"]
+    assert sum(split[k] for k in ("model_wait", "sandbox", "local")) <= report.meta.seconds
 
 
 def test_ordered_map_raises_the_first_failure_in_item_order() -> None:

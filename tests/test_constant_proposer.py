@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import minimal
 
 from evolve.evolution.constants import GUIDANCE, ConstantProposer, Tunable, searchable, tunables
 from sandbox.fingerprint import changed_components
@@ -32,38 +33,13 @@ HYBRID_MID = (
 
 
 def program(constants: str, used: str) -> str:
-    """A minimal valid program whose ``retrieve`` reads the names in ``used``."""
-    return f'''"""A test program."""
-
-from dataclasses import dataclass
-
-{constants}
-
-EXTRACTION_INSTRUCTION = "Extract facts."
-PLANNING_INSTRUCTION = "Plan a query."
-ANSWER_INSTRUCTION = "Answer briefly."
-
-
-@dataclass
-class MemoryUnit:
-    content: str
-
-
-@dataclass
-class Query:
-    text: str
-
-
-class Memory:
-    def __init__(self, backend):
-        self.items = []
-
-    def index(self, units, segment):
-        self.items.extend(u.content for u in units)
-
-    def retrieve(self, query):
-        return str(({used},))
-'''
+    """The minimal program with ``constants`` at its top level and a ``retrieve`` that reads the
+    names in ``used``."""
+    return minimal(
+        ('ANSWER_INSTRUCTION = "Answer."\n', f'ANSWER_INSTRUCTION = "Answer."\n\n{constants}\n'),
+        ('        return "\\n".join(u.content for u in self.units)[:16000]\n',
+         f"        return str(({used},))\n"),
+    )  # fmt: skip
 
 
 def by_name(source: str) -> dict[str, Tunable]:

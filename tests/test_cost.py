@@ -26,6 +26,7 @@ from evolve.models.testing import HashingEmbedder, ScriptedLLM, task_script
 ROOT = Path(__file__).resolve().parents[1]
 SEED = (ROOT / "seeds" / "simple.py").read_text()
 CUT = "return text[:OUT_CHAR_BUDGET]"
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 def test_a_programs_prompt_over_the_cap_never_reaches_the_model() -> None:

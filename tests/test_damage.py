@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_config
 
 from evolve.cli.main import main
 from evolve.evaluation.executor import run_eval, write_run
 from evolve.evaluation.setup import EvalSetup
 from evolve.evaluation.stepcache import StepStore
-from evolve.evolution.loop import Evolution, RunConfig, task_set
+from evolve.evolution.loop import Evolution, RunConfig
 from evolve.evolution.store import RunStore
+from evolve.evolution.wiring import task_set
 from evolve.models import close_connections
 from evolve.models.embed import _SCHEMA, HashingEmbedder, _sha256
 from evolve.models.llm import LLMError
@@ -32,6 +34,7 @@ from evolve.models.testing import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "alpha"
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +42,8 @@ def pristine(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A runs dir holding run ``alpha``: c0000 seed and c0001 cold start (both evaluated),
     c0002 a proposed child of c0001."""
     root = tmp_path_factory.mktemp("runs")
-    cfg = RunConfig(data_dir=str(data_dir), seed_program=str(ROOT / "seeds" / "hybrid.py"),
-                    cache_dir=str(root.parent / "cache"), jobs=1, embedder="hashing",
-                    rounds={"cold_start": 1, "refinement": 0, "integration": 0},
-                    conversations=1, children=1, cascade=False)  # fmt: skip
+    cfg = run_config(data_dir, root.parent / "cache", children=1, cascade=False,
+                     rounds={"cold_start": 1, "refinement": 0, "integration": 0})  # fmt: skip
     manifest = {"config": cfg.as_json(), "fitness": cfg.fitness().describe()}  # as a run's
     store = RunStore.create(root, manifest, run_id=RUN)
     best = Evolution(store, cfg).run()
@@ -226,7 +227,7 @@ def test_a_damaged_record_with_an_intact_source_is_scored_again(
     assert not [line for line in err.splitlines() if line.startswith("resume:")]
     meta = RunStore.open(runs, RUN).get(best)
     assert meta.status == "evaluated" and meta.recovered
-    assert meta.scores["valid"]["overall"] == before["scores"]["valid"]["overall"]
+    assert meta.scores["valid"].overall.model_dump() == before["scores"]["valid"]["overall"]
 
 
 # --- evaluation folders -------------------------------------------------------------------
@@ -252,7 +253,7 @@ def test_status_of_an_evaluation_folder(
     assert code == 0 and "evaluation folder" in out and "hybrid.py" in out
     assert "beam valid" in out and "no valid manifest" not in out + err
     code, out, _ = cli(capsys, "status", "eval-x", "--runs-dir", str(tmp_path), "--json")
-    assert code == 0 and json.loads(out)["questions"] == report.meta["questions"]
+    assert code == 0 and json.loads(out)["questions"] == report.meta.questions
     code, _, err = cli(capsys, "programs", "eval-x", "--runs-dir", str(tmp_path))
     assert code == 2 and "evaluation folder" in err
 
@@ -274,13 +275,13 @@ def test_wrong_shape_stage_entries_are_recomputed_and_counted(one_conversation: 
         entry.write_text(json.dumps([{"retrieved": 5}, "text", [], None][i % 4]))
     indexes[0].write_bytes(pickle.dumps([1, 2]))  # a whole pickle, not a memory state
     again = run_eval(path, tasks, config, jobs=1)
-    assert again.scores["overall"] == clean.scores["overall"] and again.meta["errors"] == 0
+    assert again.scores.overall == clean.scores.overall and again.meta.errors == 0
     n = len(tasks.questions)
-    assert again.stages["retrieve"] == {**again.stages["retrieve"], "computed": n, "invalid": n}
-    assert again.stages["index"]["computed"] == 1 == again.stages["index"]["invalid"]
+    assert again.steps["retrieve"] == {**again.steps["retrieve"], "computed": n, "invalid": n}
+    assert again.steps["index"]["computed"] == 1 == again.steps["index"]["invalid"]
     third = run_eval(path, tasks, config, jobs=1)  # the bad entries were overwritten
-    assert third.stages["retrieve"]["reused"] == n and third.stages["retrieve"]["invalid"] == 0
-    assert third.scores["overall"] == clean.scores["overall"]
+    assert third.steps["retrieve"]["reused"] == n and third.steps["retrieve"]["invalid"] == 0
+    assert third.scores.overall == clean.scores.overall
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,7 @@ def test_executor_starts_a_private_instance_that_matches_local(
     submit = RayExecutor.submit
 
     def counted(self: RayExecutor, fn: Any, /, *args: Any) -> Any:
-        tasks_sent.append(args[2].id)  # run_conversation(source, path, conversation, ...)
+        tasks_sent.append(args[1].id)  # run_conversation(program, conversation, ...)
         return submit(self, fn, *args)
 
     monkeypatch.setattr(RayExecutor, "submit", counted)
@@ -121,8 +121,8 @@ def test_executor_starts_a_private_instance_that_matches_local(
     assert sorted(tasks_sent) == sorted(c.id for c in tasks.conversations)  # one Ray task each
     assert comparable(distributed) == comparable(local)
     assert distributed.scores == local.scores
-    assert distributed.stages == local.stages
-    assert distributed.stages["index"]["computed"] == len(tasks.conversations)
+    assert distributed.steps == local.steps
+    assert distributed.steps["index"]["computed"] == len(tasks.conversations)
 
 
 def test_cli_eval_joins_a_running_instance_by_address(

@@ -173,7 +173,7 @@ def set_precision(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], N
 def test_the_precision_is_in_the_embedding_and_pipeline_versions(
     set_precision: Callable[[str], None],
 ) -> None:
-    from evolve.evaluation.conversation import pipeline_version
+    from evolve.evaluation.identity import pipeline_version
 
     versions = {}
     for name in embed.PRECISIONS:
@@ -199,9 +199,9 @@ def test_a_bad_precision_setting_is_one_error_line(
 def test_bf16_vectors_stay_within_the_stated_tolerance_of_fp32(data_dir: Path) -> None:
     """Real BEAM messages and 1,000-character blocks of them, the texts indexing and scoring
     embed: every bf16 vector within BF16_TOLERANCE (1 - cosine) of the fp32 one."""
-    from evolve.datasets.benches import load_taskset
+    from evolve.benches.registry import bench
 
-    conv = load_taskset("beam", data_dir, "valid").conversations[0]
+    conv = bench("beam").load_taskset(data_dir, "valid").conversations[0]
     messages = [m.text() for _, m in conv.messages().values()][:24]
     texts = messages + ["\n\n".join(messages[i : i + 6])[:1000] for i in range(0, 24, 6)]
     vectors = {}
@@ -223,10 +223,10 @@ def test_a_workers_thread_share_changes_no_vector(
     scores never depends on when a job ran alone."""
     import torch
 
-    from evolve.datasets.benches import load_taskset
+    from evolve.benches.registry import bench
     from evolve.models import cores
 
-    conv = load_taskset("beam", data_dir, "valid").conversations[0]
+    conv = bench("beam").load_taskset(data_dir, "valid").conversations[0]
     texts = [m.text() for _, m in conv.messages().values()][:16]
     monkeypatch.setattr(cores, "count", lambda: 2)
     board = cores.BusyBoard(workers=2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from evolve.datasets.slices import write_slice
 from evolve.models.breaker import FAILED_ATTEMPTS, FAILED_CALLS, Breaker, EndpointDown, refusal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,9 +40,9 @@ def requests_seen(url: str) -> int:
 
 @pytest.fixture
 def one_conv(data_dir: Path, tmp_path: Path) -> Path:
-    src = data_dir / "beam" / "chats" / "100K" / "1"
-    shutil.copytree(src, tmp_path / "data" / "beam" / "chats" / "100K" / "1")
-    return tmp_path / "data"
+    """A cut of BEAM-100K conversation 1 (the breaker, not the data, is under test): its first
+    60 messages, at most 2,000 characters each, some ten model calls to evaluate it."""
+    return write_slice(data_dir, tmp_path / "data", messages=60, chars=2000, refs=[("100K", "1")])
 
 
 def test_a_server_killed_mid_evaluation_ends_it_in_one_line_and_it_resumes(

@@ -26,11 +26,11 @@ import json
 import pickle
 import textwrap
 from dataclasses import make_dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import MINIMAL
 from surface_survey import survey
 
 from contract.program import load_program
@@ -39,8 +39,6 @@ from contract.state import MAX_STATE_BYTES, StateError, dump_state, load_state
 from contract.types import ContractError
 from sandbox import static
 from sandbox.static import REVIEWED_MEMBERS, Finding, check_source
-
-MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 
 
 def program(head: str = "", tail: str = "", unit: str = "") -> str:

@@ -19,22 +19,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import Unavailable, paired_beats
+from conftest import Unavailable, paired_beats, run_config
 
 from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
-from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
+from evolve.evolution.loop import Evolution, best_overall, specialists
 from evolve.evolution.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = {"cold_start": 1, "refinement": 2, "integration": 1}
-
-
-def config(data_dir: Path, cache: Path, **over: object) -> RunConfig:
-    base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
-            "conversations": 1}  # fmt: skip
-    return RunConfig(**{**base, **over})  # type: ignore[arg-type]
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 def archive(store: RunStore) -> list[tuple[str, str, str, list[str]]]:
@@ -49,7 +43,7 @@ def uninterrupted(
     data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> RunStore:
     root = tmp_path_factory.mktemp("runs")
-    cfg = config(data_dir, offline_cache)
+    cfg = run_config(data_dir, offline_cache, rounds=ROUNDS)
     store = RunStore.create(root, {"config": cfg.as_json()}, run_id="whole")
     Evolution(store, cfg).run()
     return store
@@ -94,11 +88,11 @@ def test_resume_with_a_higher_cap_matches_an_uninterrupted_run(
     uninterrupted: RunStore, data_dir: Path, tmp_path: Path
 ):
     cache = shared_cache(uninterrupted)
-    short = config(data_dir, cache, rounds={"cold_start": 1, "refinement": 1})
+    short = run_config(data_dir, cache, rounds={"cold_start": 1, "refinement": 1})
     store = RunStore.create(tmp_path, {"config": short.as_json()}, run_id="capped")
     Evolution(store, short).run()
     assert len(store.candidates()) == 1 + 2 * short.children
-    Evolution(RunStore.open(tmp_path, "capped"), config(data_dir, cache)).run()
+    Evolution(RunStore.open(tmp_path, "capped"), run_config(data_dir, cache, rounds=ROUNDS)).run()
     assert archive(RunStore.open(tmp_path, "capped")) == archive(uninterrupted)
 
 
@@ -140,7 +134,7 @@ def test_a_round_replayed_after_its_child_was_evaluated_files_nothing_new(
     state = store.load_state()
     rounds = {**state["rounds"], "integration": state["rounds"]["integration"] - 1}
     store.save_state({**state, "rounds": rounds, "round_costs": state["round_costs"][:-1]})
-    Evolution(store, config(data_dir, shared_cache(uninterrupted))).run()
+    Evolution(store, run_config(data_dir, shared_cache(uninterrupted), rounds=ROUNDS)).run()
     assert archive(RunStore.open(tmp_path, "whole")) == archive(uninterrupted)
 
 
@@ -246,9 +240,9 @@ def test_reference_programs_seed_a_run(seed: str, data_dir: Path, tmp_path: Path
     """PRISM and AriadneMem start an offline run: the seed is evaluated and a cold-start child,
     made from the seed's own tunable constants, passes the sandbox and is evaluated too."""
     data = write_slice(data_dir, tmp_path / "data", messages=12, chars=400)
-    cfg = config(data, tmp_path / "cache", seed_program=str(ROOT / "seeds" / f"{seed}.py"),
-                 rounds={"cold_start": 1, "refinement": 0, "integration": 0}, children=1,
-                 cascade=False)  # fmt: skip
+    cfg = run_config(data, tmp_path / "cache", seed_program=str(ROOT / "seeds" / f"{seed}.py"),
+                     rounds={"cold_start": 1, "refinement": 0, "integration": 0}, children=1,
+                     cascade=False)  # fmt: skip
     store = RunStore.create(tmp_path, {"config": cfg.as_json()}, run_id=seed)
     Evolution(store, cfg).run()
     parent, child = store.candidates()
@@ -321,7 +315,7 @@ def test_report_is_self_contained_and_renders(
         assert c.id in html[html.index('<section id="lineage">') :]
     matrix = html[html.index('<section id="matrix">') : html.index('<section id="lineage">')]
     seed = next(c for c in uninterrupted.candidates() if c.stage == "seed")
-    top = seed.scores["valid"]["overall"]["ceiling"]  # the split's ceiling, beside every score
+    top = seed.scores["valid"].overall.ceiling  # the split's ceiling, beside every score
     assert '<tr id="ceiling"' in matrix and f">{top:.3f}<" in matrix
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -198,8 +198,8 @@ def test_hang_in_retrieve_is_killed_and_fails_the_conversation(tasks: TaskSet, t
     errors = [t.error for t in report.traces]
     assert all("timed out" in e for e in errors), errors
     # The first question times out in retrieve; the host is gone, so later ones fail at plan.
-    failed = report.stages["retrieve"]["failed"] + report.stages["plan"]["failed"]
-    assert report.stages["retrieve"]["failed"] >= 1 and failed == len(tasks.questions)
+    failed = report.steps["retrieve"]["failed"] + report.steps["plan"]["failed"]
+    assert report.steps["retrieve"]["failed"] >= 1 and failed == len(tasks.questions)
 
 
 def test_memory_bomb_in_index_is_contained(tasks: TaskSet, tmp_path: Path):
@@ -229,7 +229,7 @@ def test_results_do_not_depend_on_the_number_of_jobs(data_dir: Path, tmp_path: P
                            embedder="hashing")  # fmt: skip
         reports.append(run_eval(SEEDS / "hybrid.py", small, cfg, jobs=jobs))
     one, two = reports
-    assert one.scores == two.scores and one.stages == two.stages
+    assert one.scores == two.scores and one.steps == two.steps
     keep = ("id", "retrieved", "scores", "error")
     assert [{k: getattr(t, k) for k in keep} for t in one.traces] == [
         {k: getattr(t, k) for k in keep} for t in two.traces
@@ -248,9 +248,9 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
     cfg = EvalSetup(cache_dir=str(tmp_path / "c"), task_model=ModelConfig(model="scripted"),
                        embedder="hashing", script=task_script)  # fmt: skip
     report = run_eval(SEEDS / "dense.py", tasks, cfg, jobs=1, judge=judge)
-    assert report.meta["judge"]["judge"] == "scripted-judge"
-    assert report.meta["models"]["judge"] == "scripted-judge"
-    assert "beam_official" in report.meta["metrics"]
+    assert report.meta.judge.judge == "scripted-judge"
+    assert report.meta.models["judge"] == "scripted-judge"
+    assert "beam_official" in report.meta.metrics
     rubric = [q for q in tasks.questions if q.ability != "event_ordering"]
     assert judge.usage_summary()["judge"]["calls"] >= 2 * sum(len(q.rubric) for q in rubric)
     assert report.usage["judge"]["calls"] == judge.usage_summary()["judge"]["calls"]
@@ -262,11 +262,13 @@ def test_answers_are_scored_by_the_benchmark_judge(tasks: TaskSet, tmp_path: Pat
         if q.ability != "event_ordering" and q.rubric:
             assert trace.scores["beam_official"] == 0.0  # int(0.5)
             assert trace.scores["beam_described"] == 0.5
-    assert report.scores["headline"]["described"]["overall"] is not None
+    assert report.scores.headline is not None
+    assert report.scores.headline["described"]["overall"] is not None
     offline = run_eval(SEEDS / "dense.py", tasks, EvalSetup(
         cache_dir=str(tmp_path / "c"), task_model=None, embedder="hashing"), jobs=1)  # fmt: skip
-    assert "beam_official" not in offline.meta["metrics"] and "headline" not in offline.scores
-    assert offline.meta["judge"]["judge"] is None
+    assert "beam_official" not in offline.meta.metrics
+    assert "headline" not in offline.as_json()["scores"]
+    assert offline.meta.judge.judge is None
 
 
 def test_backend_time_does_not_count_against_the_program(tasks: TaskSet):

@@ -29,7 +29,8 @@ from evolve.models.fake_server import (
     parse_sequence,
     request_purpose,
 )
-from evolve.models.llm import LLMClient, ModelConfig, Models, parse_json_reply
+from evolve.models.llm import LLMClient, ModelConfig, Models
+from evolve.models.transport import parse_json_reply
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 JSON_FORMAT = {"type": "json_object", "schema": SCHEMA}

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import first_sessions
+from conftest import first_sessions, unchecked
 
 from evolve.datasets.types import TaskSet
-from evolve.evaluation.conversation import ConversationSession, run_conversation
+from evolve.evaluation.conversation import ConversationRun, run_conversation
 from evolve.evaluation.setup import EvalSetup
 from evolve.fanout import Turns
 
@@ -48,21 +48,21 @@ def test_a_question_failing_before_its_section_does_not_stall_the_conversation(
     tasks: TaskSet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = tasks.questions[0].id
-    original = ConversationSession.question
+    original = ConversationRun.question
 
-    def question(self: ConversationSession, q: Any, turn: Any = None) -> Any:
+    def question(self: ConversationRun, q: Any, turn: Any = None) -> Any:
         if q.id == first:
             raise RuntimeError("failed before its host section")
         return original(self, q, turn)
 
-    monkeypatch.setattr(ConversationSession, "question", question)
+    monkeypatch.setattr(ConversationRun, "question", question)
     cfg = EvalSetup(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
                        llm_concurrency=4)  # fmt: skip
     outcome: list[BaseException] = []
 
     def run() -> None:
         try:
-            run_conversation(str(SEED.read_text()), str(SEED), tasks.conversations[0],
+            run_conversation(unchecked(SEED.read_text(), SEED), tasks.conversations[0],
                              list(tasks.questions), cfg)  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 - the outcome is what the test reads
             outcome.append(exc)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import first_sessions
 
+from evolve.benches.registry import bench
 from evolve.cli.eval import ceiling_line
 from evolve.cli.main import main
 from evolve.config import RunConfig
@@ -21,7 +22,7 @@ from evolve.evolution.archive import archive
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.models.testing import HashingEmbedder
 from evolve.scoring.ceiling import question_ceilings
-from evolve.scoring.fitness import KEY, choose
+from evolve.scoring.fitness import KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
@@ -75,7 +76,8 @@ def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_i
         tmp_path, "more", ("TOP_K = 3", "TOP_K = 5"), ("DATE_PREFIX = True", "DATE_PREFIX = False")
     )
     reports = {p.stem: evaluated(p, tasks, cache) for p in (plain, dated, styled, more)}
-    base = reports["plain"].scores["overall"][KEY]
+    base = reports["plain"].scores.overall.fitness
+    assert base is not None
     assert 0.0 < base < 1.0
     texts = {name: [t.retrieved_text for t in r.traces] for name, r in reports.items()}
     formats = ("plain", "dated", "styled")
@@ -83,11 +85,12 @@ def test_dates_headers_and_order_do_not_move_the_fitness_and_more_never_lowers_i
     assert all("[20" in t for t in texts["dated"]) and all("· msg" in t for t in texts["styled"])
     for name in ("dated", "styled"):
         assert texts[name] != texts["plain"]
-        assert abs(reports[name].scores["overall"][KEY] - base) <= 0.005, name
+        assert abs((reports[name].scores.overall.fitness or 0.0) - base) <= 0.005, name
     for a, b in zip(reports["plain"].traces, reports["more"].traces, strict=True):
         assert b.retrieved_text.startswith(a.retrieved_text)  # the same units, then more
         assert b.scores[KEY] >= a.scores[KEY] - 1e-9
-    assert reports["plain"].meta["fitness"]["coverage"] == "coverage-3"
+    mode = reports["plain"].meta.fitness
+    assert mode is not None and mode.coverage == "coverage-3"
 
 
 def _meta(number: int, per_question: dict[str, float]) -> CandidateMeta:
@@ -105,7 +108,7 @@ def test_selection_reads_coverage_where_the_old_metrics_disagree() -> None:
     """Holder: high cosines to the evidence (dated blocks of neighbours) but the evidence itself
     missing; challenger: the evidence in the context, lower cosines. The executor's per-question
     fitness is what the archive compares, and it must be coverage."""
-    fit = choose("beam", None, judged=False)
+    fit = bench("beam").fitness(None, judged=False)
     holder = {"evidence_coverage": 0.2, "evidence_similarity": 0.95, "evidence_hit_rate": 1.0}
     challenger = {"evidence_coverage": 0.9, "evidence_similarity": 0.6, "evidence_hit_rate": 0.2}
     ids = [f"q{i}" for i in range(20)]
@@ -124,17 +127,19 @@ def test_the_ceiling_is_beside_every_score_cached_and_one_where_the_evidence_fit
 ) -> None:
     cache = tmp_path / "cache"
     report = evaluated(program(tmp_path, "plain"), tasks, cache)
-    overall = report.scores["overall"]
-    assert overall["ceiling"] == 1.0 == report.meta["ceiling"]["overall"]  # small: all fits
-    for block in report.scores["by_capability"].values():
-        assert block["ceiling"] == 1.0 and block["evidence_coverage"] <= block["ceiling"]
+    overall = report.scores.overall
+    assert report.meta.ceiling is not None
+    assert overall.ceiling == 1.0 == report.meta.ceiling.overall  # small: all fits
+    for row in report.scores.by_capability.values():
+        assert row.ceiling == 1.0 and (row.metric("evidence_coverage") or 0.0) <= row.ceiling
     assert all(t.scores["ceiling"] == 1.0 for t in report.traces)
     line = ceiling_line(overall)
-    assert line.startswith(f"coverage {overall['evidence_coverage']:.3f} of a possible 1.000")
+    covered = overall.metric("evidence_coverage")
+    assert line.startswith(f"coverage {covered:.3f} of a possible 1.000")
     (stored,) = (cache / "ceilings").iterdir()  # one task set, one file
     stored.write_text(json.dumps(dict.fromkeys(json.loads(stored.read_text()), 0.5)))
     again = evaluated(program(tmp_path, "plain"), tasks, cache)
-    assert again.scores["overall"]["ceiling"] == 0.5  # read from the cache, not recomputed
+    assert again.scores.overall.ceiling == 0.5  # read from the cache, not recomputed
 
 
 def test_a_question_whose_evidence_exceeds_the_budget_has_a_ceiling_below_one(

@@ -14,19 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_config
 
+from evolve.benches.guards import Guard, parse_guard
+from evolve.benches.registry import bench
 from evolve.cli.main import main
-from evolve.datasets.guards import DEFAULT_GUARDS, Guard, parse_guard
+from evolve.evaluation.report import ScoreBlock
 from evolve.evolution.archive import MARGIN, archive, non_inferior
 from evolve.evolution.coder import render_request
-from evolve.evolution.loop import Evolution, RunConfig
+from evolve.evolution.loop import Evolution
 from evolve.evolution.proposer import Request
-from evolve.evolution.stages import refinement_targets
+from evolve.evolution.selection import DependencyAware
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import transfer, transfer_lines
-from evolve.evolution.tpe import constant_proposer
+from evolve.evolution.wiring import constant_proposer
 
-ROOT = Path(__file__).resolve().parents[1]
 CAPS = {f"q{i}": "FT"[i % 2] for i in range(24)}  # 12 F questions, 12 T questions
 GUARD = "guard:locomo:all@1"
 BASE = {q: 0.5 for q in CAPS}
@@ -65,7 +67,7 @@ def test_a_valid_winner_that_loses_a_guard_beyond_the_margin_is_not_promoted():
     assert "guard locomo:all@1" in reason and seed.id in reason and "1 pp" in reason
     assert failed[0].fitness == pytest.approx(0.5 - 2 * MARGIN) and failed[0].holder_fitness == 0.5
     t = transfer([seed, winner], kept)
-    assert t is not None and t["held_back"] == {winner.id: [c.reason for c in failed]}
+    assert t is not None and t.held_back == {winner.id: [c.reason for c in failed]}
     # without the guard, the same scores promote it
     assert archive([meta(0, BASE, None), meta(1, plus(0.1), None)]).best.number == 1  # type: ignore[union-attr]
 
@@ -109,7 +111,7 @@ def test_a_valid_winner_without_guard_figures_is_pending():
 def test_guard_specs_parse_and_refuse_one_line_each():
     assert parse_guard("beam:all:500K@2") == Guard("beam", "all:500K", 2)
     assert parse_guard("locomo:sample:valid").name == "locomo:sample:valid"
-    assert [parse_guard(g).name for g in DEFAULT_GUARDS["beam"]] == list(DEFAULT_GUARDS["beam"])
+    assert [parse_guard(g).name for g in bench("beam").guards] == list(bench("beam").guards)
     for bad in ("beam", "nope:valid", "beam:valid@0", "beam:valid@x", ""):
         with pytest.raises(ValueError) as exc:
             parse_guard(bad)
@@ -128,7 +130,7 @@ def test_the_cli_defaults_turns_off_and_refuses_guards(
     common = ["--dry-run", "--data-dir", str(data_dir), "--runs-dir", str(tmp_path)]
     code, out, _ = run_cli(capsys, *common)
     assert code == 0
-    for spec in DEFAULT_GUARDS["beam"]:
+    for spec in bench("beam").guards:
         assert f"guard {spec}: 1 conversation" in out
     code, out, _ = run_cli(capsys, *common, "--guard", "none")
     assert code == 0 and "guard " not in out
@@ -149,13 +151,8 @@ def test_the_cli_defaults_turns_off_and_refuses_guards(
 
 ROUNDS = {"cold_start": 1, "refinement": 2, "integration": 0}
 GUARDS = ("beam:holdout@1", "locomo:all@1")
-
-
-def config(data_dir: Path, cache: Path, **over: object) -> RunConfig:
-    base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(cache), "rounds": ROUNDS, "jobs": 1, "embedder": "hashing",
-            "conversations": 1, "guards": GUARDS}  # fmt: skip
-    return RunConfig(**{**base, **over})  # type: ignore[arg-type]
+GUARDED = {"rounds": ROUNDS, "guards": GUARDS}  # the runs here: conftest's run_config and these
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 class Recording(Evolution):
@@ -174,11 +171,11 @@ def guarded(
     data_dir: Path, offline_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[RunStore, Recording]:
     root = tmp_path_factory.mktemp("runs")
-    cfg = config(data_dir, offline_cache)
+    cfg = run_config(data_dir, offline_cache, **GUARDED)
     store = RunStore.create(root, {"config": cfg.as_json()}, run_id="guarded")
     evolution = Recording(store, cfg)
     evolution.requests = []
-    evolution.builds_cases = True  # failing cases are built as for a coder (they read traces)
+    evolution.proposer.builds_cases = True  # cases are built as for a coder (they read traces)
     evolution.run()
     return store, evolution
 
@@ -187,7 +184,7 @@ def test_the_seed_is_scored_on_every_guard_once_and_winners_only_on_demand(guard
     store, _ = guarded
     seed, *children = store.candidates()
     keys = {f"guard:{g}" for g in GUARDS}
-    assert keys <= set(seed.scores) and all(seed.scores[k]["questions"] for k in keys)
+    assert keys <= set(seed.scores) and all(seed.scores[k].questions for k in keys)
     kept = archive(store.candidates())
     assert kept.pending is None
     # exactly the children that won valid against a holder were scored on the guards, once each
@@ -215,7 +212,7 @@ def test_guard_evaluations_reuse_stage_outputs(guarded):
     kept = archive(store.candidates())
     for cid in kept.checks:
         for g in GUARDS:
-            stages = store.get(cid).scores[f"guard:{g}"]["stages"]
+            stages = store.get(cid).scores[f"guard:{g}"].steps
             assert stages["extract"]["computed"] == 0, stages
             assert stages["index"]["reused"] > 0 and stages["index"]["computed"] == 0, stages
             assert stages["retrieve"]["computed"] > 0, stages  # what the child changed
@@ -238,7 +235,7 @@ def test_guard_data_never_reaches_diagnosis_cases_or_a_proposer(guarded, data_di
     for c in store.candidates():
         for key in c.scores:
             if key.startswith("guard:"):
-                assert c.scores[key]["diagnostics"] is None  # never diagnosed
+                assert c.scores[key].diagnostics is None  # never diagnosed
     assert not set(evolution.labels()) & questions  # never annotated
 
 
@@ -252,7 +249,7 @@ def test_the_constant_proposer_and_its_targets_ignore_guard_scores(guarded, tmp_
 
     def outcome(s: RunStore) -> tuple[Any, ...]:
         candidates = s.candidates()
-        targets = refinement_targets(parent, candidates, labels, "dependency", 0, 2)
+        targets = DependencyAware().targets(parent, candidates, labels, 0, 2)
         proposal = constant_proposer(evolution.config, s.root).propose(request)
         return targets, proposal.source, proposal.message
 
@@ -266,9 +263,10 @@ def test_the_constant_proposer_and_its_targets_ignore_guard_scores(guarded, tmp_
     assert outcome(copy) == before
 
 
-def _scrambled(block: dict[str, Any]) -> dict[str, Any]:
-    per = {q: 1.0 - v for q, v in block["questions"].items()}
-    return {**block, "questions": per, "overall": {**block["overall"], "fitness": 0.0}}
+def _scrambled(block: ScoreBlock) -> ScoreBlock:
+    per = {q: 1.0 - v for q, v in block.questions.items()}
+    overall = block.overall.model_copy(update={"fitness": 0.0})
+    return block.model_copy(update={"questions": per, "overall": overall})
 
 
 def test_an_interrupted_guard_evaluation_is_finished_on_resume(
@@ -303,12 +301,12 @@ def test_every_result_shows_valid_and_guard_figures_beside_the_seed(
     shutil.copytree(store.root, tmp_path / store.run_id)
     copy = RunStore.open(tmp_path, store.run_id)
     t = transfer(copy.candidates())
-    assert t is not None and [r["split"] for r in t["rows"]] == ["valid", *GUARDS]
+    assert t is not None and [r.split for r in t.rows] == ["valid", *GUARDS]
     seed = copy.candidates()[0]
-    for r in t["rows"]:  # the figures are the stored ones, not recomputed
-        key = r["split"] if r["split"] == "valid" else f"guard:{r['split']}"
-        assert r["seed"] == seed.scores[key]["overall"]["fitness"]
-        assert r["ceiling"] == seed.scores[key]["overall"]["ceiling"] is not None
+    for r in t.rows:  # the figures are the stored ones, not recomputed
+        key = r.split if r.split == "valid" else f"guard:{r.split}"
+        assert r.seed == seed.scores[key].overall.fitness
+        assert r.ceiling == seed.scores[key].overall.ceiling is not None
     expected = transfer_lines(t)
     runs = ["--runs-dir", str(tmp_path)]
 
@@ -320,8 +318,8 @@ def test_every_result_shows_valid_and_guard_figures_beside_the_seed(
         out = shown(*argv)
         assert all(line.strip() in out for line in expected), (argv, out)
     status = json.loads(shown("status", store.run_id, "--json"))
-    assert status["transfer"] == json.loads(json.dumps(t))
-    best = t["program"]
+    assert status["transfer"] == json.loads(json.dumps(t.as_json()))
+    best = t.program
     shown("export", f"{store.run_id}/{best}", "--out", str(tmp_path / "best.py"))
     header = (tmp_path / "best.py").read_text()
     assert all(f"# {line}" in header for line in expected)
@@ -329,7 +327,7 @@ def test_every_result_shows_valid_and_guard_figures_beside_the_seed(
     page = (tmp_path / "report.html").read_text()
     assert 'id="transfer"' in page and all(f"guard {g}" in page for g in GUARDS)
     # freeze: a candidate frozen before shows its stored test block, and the transfer
-    test = {**seed.scores["valid"], "errors": 0}
+    test = seed.scores["valid"].model_copy(update={"errors": 0})
     copy.update(best, frozen=True, scores={**copy.get(best).scores, "test": test})
     out = shown("freeze", f"{store.run_id}/{best}")
     assert all(line.strip() in out for line in expected), out
@@ -340,7 +338,7 @@ def test_a_resumed_run_keeps_its_guards(
 ):
     from evolve.evolution.manifest import build_manifest
 
-    cfg = config(data_dir, tmp_path / "cache")
+    cfg = run_config(data_dir, tmp_path / "cache", **GUARDED)
     RunStore.create(tmp_path, build_manifest(cfg), run_id="kept")
     resume = ["--resume", "kept", "--runs-dir", str(tmp_path), "--dry-run"]
     code, out, _ = run_cli(capsys, *resume)
@@ -354,7 +352,7 @@ def test_a_resumed_run_keeps_its_guards(
 def test_the_manifest_hashes_each_guards_files(data_dir: Path, tmp_path: Path):
     from evolve.evolution.manifest import build_manifest, sha256_file
 
-    data = build_manifest(config(data_dir, tmp_path))["data"]
+    data = build_manifest(run_config(data_dir, tmp_path, **GUARDED))["data"]
     assert set(data) == {"train", "valid", *(f"guard:{g}" for g in GUARDS)}
     beam = data["guard:beam:holdout@1"]
     chat = "beam/chats/100K/2/chat.json"  # the first holdout conversation

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Unavailable
+from conftest import MINIMAL, Unavailable, unchecked
 from test_barrier import attack
 from test_barrier_weaker import WEAKER, Place
 
@@ -38,7 +38,6 @@ from evolve.models.embed import HashingEmbedder
 from sandbox import barrier
 from sandbox.isolate import HostFailure, Limits, ProgramFailure, remove_tree
 
-MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 REPO = Path(__file__).resolve().parent.parent
 F_SETSIG, F_SETOWN_EX = 10, 15
 
@@ -283,7 +282,7 @@ def _pipeline(patch: str) -> Pipeline:
         "from dataclasses import dataclass\n",
         "from dataclasses import dataclass\n" + FORGE.replace("@@PATCH@@", textwrap.dedent(patch)),
     )
-    return Pipeline(source, "p.py", llm=None, embedder=HashingEmbedder(), call_prefix="t",
+    return Pipeline(unchecked(source), llm=None, embedder=HashingEmbedder(), call_prefix="t",
                     max_complete_calls=0, call_timeout=20.0)  # fmt: skip
 
 

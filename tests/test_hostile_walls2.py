@@ -17,10 +17,10 @@ from __future__ import annotations
 import struct
 import textwrap
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import MINIMAL, unchecked
 
 from contract.types import Message, Segment
 from evolve.evaluation.pipeline import Pipeline
@@ -37,7 +37,6 @@ from sandbox.isolate import (
 from sandbox.static import check_source
 from sandbox.wire import MAX_DEPTH, WireError, json_cost, max_items, read_frame
 
-MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 SEGMENT = Segment("s1", "2024-01-01", (Message("m1", "user", "hello there"),))
 
 
@@ -60,7 +59,7 @@ def _pipeline(patch: str, call_timeout: float = 20.0) -> Pipeline:
         "from dataclasses import dataclass\n",
         "from dataclasses import dataclass\n" + forge + textwrap.dedent(patch),
     )
-    return Pipeline(source, "p.py", llm=None, embedder=HashingEmbedder(), call_prefix="t",
+    return Pipeline(unchecked(source), llm=None, embedder=HashingEmbedder(), call_prefix="t",
                     max_complete_calls=0, call_timeout=call_timeout)  # fmt: skip
 
 

@@ -17,9 +17,14 @@ import pytest
 
 from contract.spec import CONTRACT_VERSION
 from evolve.cli.main import main
-from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.identity import (
+    HEADER_MARK,
+    ScoredAs,
+    pipeline_version,
+    read_scored_as,
+    split_preamble,
+)
 from evolve.evolution.archive import fitness
-from evolve.evolution.export import HEADER_MARK, ScoredAs, read_scored_as, split_preamble
 from evolve.evolution.loop import Evolution, RunConfig, best_overall, specialists
 from evolve.evolution.store import RunStore
 from evolve.models.embed import precision
@@ -79,7 +84,7 @@ def test_runs_lists_the_run_with_its_best(runs: Path, capsys: pytest.CaptureFixt
     report = as_json(capsys, "runs", "--runs-dir", str(runs))
     [row] = report["runs"]
     assert row["id"] == RUN and row["candidates"] == 3 and row["best"] == best.id
-    assert row["best_valid_fitness"] == pytest.approx(fitness(best.scores["valid"]["overall"]))
+    assert row["best_valid_fitness"] == pytest.approx(fitness(best.scores["valid"].overall))
     assert row["created"] == store.manifest["created"] and row["created_local"]
     code, out, _ = cli(capsys, "runs", "--runs-dir", str(runs))
     assert code == 0 and RUN in out and best.id in out
@@ -98,21 +103,23 @@ def test_status_reports_stage_best_specialists_and_spend(
     assert status["rounds"] == {"cold_start": {"done": 1, "planned": 1},
                                 "refinement": {"done": 1, "planned": 1},
                                 "integration": {"done": 0, "planned": 0}}  # fmt: skip
-    valid = best.scores["valid"]["overall"]
+    valid = best.scores["valid"].overall
+    scores = valid.as_scores()
     assert status["best"] == {"id": best.id, "fitness": pytest.approx(fitness(valid)),
-                              "retrieval_fitness": pytest.approx(retrieval_fitness(valid)),
-                              "ceiling": valid["ceiling"],
-                              "similarity": valid["evidence_similarity"],
-                              "hit_rate": valid["evidence_hit_rate"]}  # fmt: skip
-    assert 0.0 < valid["ceiling"] <= 1.0 and valid["ceiling"] >= valid["evidence_coverage"]
+                              "retrieval_fitness": pytest.approx(retrieval_fitness(scores)),
+                              "ceiling": valid.ceiling,
+                              "similarity": scores["evidence_similarity"],
+                              "hit_rate": scores["evidence_hit_rate"]}  # fmt: skip
+    assert valid.ceiling is not None
+    assert 0.0 < valid.ceiling <= 1.0 and valid.ceiling >= scores["evidence_coverage"]
     assert status["fitness"]["name"] == "retrieval"  # offline
-    assert fitness(valid) == pytest.approx(retrieval_fitness(valid))  # same definition offline
+    assert fitness(valid) == pytest.approx(retrieval_fitness(scores))  # same definition offline
     kept = specialists(candidates)
     assert {cap: s["id"] for cap, s in status["specialists"].items()} == {
         cap: m.id for cap, m in kept.items()
     }
     for cap, reported in status["specialists"].items():
-        held = kept[cap].scores["valid"]["by_capability"][cap]
+        held = kept[cap].scores["valid"].by_capability[cap]
         assert reported["valid_fitness"] == pytest.approx(fitness(held))
     assert status["by_status"] == {
         "proposed": 0,
@@ -146,9 +153,9 @@ def test_programs_has_one_row_per_candidate(runs: Path, capsys: pytest.CaptureFi
         assert (row["stage"], row["capability"], row["status"], row["parents"]) == (
             meta.stage, meta.capability, meta.status, meta.parents)  # fmt: skip
         valid = meta.scores["valid"]
-        assert row["valid_fitness"] == pytest.approx(fitness(valid["overall"]))
+        assert row["valid_fitness"] == pytest.approx(fitness(valid.overall))
         assert row["by_capability"] == {
-            cap: pytest.approx(fitness(block)) for cap, block in valid["by_capability"].items()
+            cap: pytest.approx(fitness(block)) for cap, block in valid.by_capability.items()
         }
     code, out, _ = cli(capsys, "programs", RUN, "--runs-dir", str(runs))
     assert code == 0 and all(c.id in out for c in store.candidates())
@@ -292,18 +299,19 @@ def test_freeze_scores_test_once(copy: RunStore, capsys: pytest.CaptureFixture[s
     report = json.loads(out)
     assert "selection on test" in err and report["other_frozen"] == [copy.get("c0001").id]
     meta = copy.get("c0002")
-    assert meta.frozen and report["scored"] is True and report["test"] == meta.scores["test"]
-    assert set(meta.scores["test"]) == {"fitness", "overall", "by_capability", "errors"}
-    assert meta.scores["test"]["overall"]["n"] > 0 and meta.scores["test"]["errors"] == 0
+    test = meta.scores["test"]
+    assert meta.frozen and report["scored"] is True and report["test"] == test.model_dump()
+    assert set(test.model_dump()) == {"fitness", "overall", "by_capability", "errors"}
+    assert test.overall.n > 0 and test.errors == 0
     assert {k: meta.scores[k] for k in ("train", "valid")} == before[meta.id]
-    assert report["test_fitness"] == pytest.approx(fitness(meta.scores["test"]["overall"]))
+    assert report["test_fitness"] == pytest.approx(fitness(test.overall))
     [event] = [e["data"] for e in copy.events("frozen")]
     assert event["candidate"] == meta.id and event["conversations"] == 1
     assert event["data"] and all(k.startswith("beam/") and "/1M/" in k for k in event["data"])
 
     code, out, err = cli(capsys, "freeze", f"{RUN}/c0002", *args)
     assert code == 0 and "not scored again" in err and "test scores" in out
-    top = meta.scores["test"]["overall"]["ceiling"]  # the ceiling beside the test scores
+    top = meta.scores["test"].overall.ceiling  # the ceiling beside the test scores
     assert f"of a possible {fmt_score(top)}" in " ".join(out.split())
     assert copy.get("c0002") == meta and len(copy.events("frozen")) == 1
     again = as_json(capsys, "freeze", f"{RUN}:c0001", *args)
@@ -373,7 +381,7 @@ def test_export_writes_a_standalone_checked_program(
     )
     header = text[: len(text) - len(source)]
     seed = next(c for c in store.candidates() if c.stage == "seed")
-    fitnesses = [f"{split}: fitness {fitness(meta.scores[split]['overall']):.4f}, similarity 0."
+    fitnesses = [f"{split}: fitness {fitness(meta.scores[split].overall):.4f}, similarity 0."
                  for split in ("valid", "train")]  # fmt: skip
     for needle in (f"run: {RUN}", f"candidate: {meta.id}", f"contract version {CONTRACT_VERSION}",
                    f"sha256: {meta.source_sha256}", "test: not frozen", "exported: ",

@@ -110,10 +110,10 @@ def test_a_judge_reply_that_never_parses_costs_its_question(
     evolution, _ = run
     for meta in evolution.store.candidates():
         block = meta.scores["valid"]
-        assert block["unjudged"] >= 1
+        assert block.unjudged >= 1
         broken = [q for q in evolution.tasks("valid").questions if BROKEN[0] in q.rubric]
-        assert all(block["questions"][q.id] == 0.0 for q in broken)
-        assert any(v == 1.0 for v in block["questions"].values())  # the others were judged
+        assert all(block.questions[q.id] == 0.0 for q in broken)
+        assert any(v == 1.0 for v in block.questions.values())  # the others were judged
     traces = evolution.store.traces(evolution.store.candidates()[0].id, "train")
     assert all(
         UNJUDGED not in (t.judged or {}) or t.scores["beam_described"] == 0.0 for t in traces

@@ -297,7 +297,7 @@ def test_an_older_call_log_stays_readable_and_gains_the_counts(tmp_path: Path) -
 def test_the_transport_limits_reach_every_client_of_a_run(tmp_path: Path) -> None:
     from evolve.config import RunConfig
     from evolve.evaluation.setup import make_llm
-    from evolve.evolution.loop import eval_setup
+    from evolve.evolution.wiring import eval_setup
 
     config = RunConfig(data_dir=str(tmp_path), seed_program="s.py", cache_dir=str(tmp_path),
                        task_model=ModelConfig(model="openai/fake"), llm_concurrency=3,

@@ -24,9 +24,9 @@ from evolve.models.llm import (
     LLMError,
     ModelConfig,
     Models,
-    parse_json_reply,
 )
 from evolve.models.testing import ScriptedLLM
+from evolve.models.transport import parse_json_reply
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from evolve.datasets import benches, locomo
+from evolve.benches.registry import bench
+from evolve.datasets import locomo
 from evolve.datasets.types import CAPABILITIES, DataError, Question, TaskSet
 from evolve.models.testing import ScriptedLLM
-from evolve.scoring import answers
 from evolve.scoring import locomo as scoring
 from evolve.scoring.answers import prompt_sha256
 
@@ -140,7 +140,7 @@ def test_dates_and_full_file_preference(raw_sample: dict[str, Any], tmp_path: Pa
 
 
 def test_registry_loads_locomo(data_dir: Path) -> None:
-    tasks = benches.load_taskset("locomo", data_dir, "all")
+    tasks = bench("locomo").load_taskset(data_dir, "all")
     assert tasks.bench == "locomo" and len(tasks.questions) == 199
 
 
@@ -298,7 +298,7 @@ def test_set_f1_and_bleu1_hand_computed() -> None:
 
 def test_judge_path_with_scripted_llm() -> None:
     llm = ScriptedLLM(['{"label": "CORRECT"}', "I think so.", '{"label": "wrong"}'])
-    scorer = answers.make_scorer("locomo", llm)
+    scorer = bench("locomo").scorer(llm)
     assert isinstance(scorer, scoring.Scorer) and scorer.bench == "locomo"
     right = scorer.score(_q(2, "7 May 2023"), "the day before 8 May 2023")
     assert right.scores["judge_correct"] == 1.0 and right.detail["label"] == "CORRECT"

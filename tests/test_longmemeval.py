@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from evolve.datasets import benches
+from evolve.benches.registry import bench
 from evolve.datasets import longmemeval as lme
 from evolve.datasets.types import DataError, Question, TaskSet
 from evolve.models.llm import Message, ModelConfig, Models
 from evolve.models.testing import ScriptedLLM
 from evolve.scoring import longmemeval as judge
-from evolve.scoring.answers import make_scorer, prompt_sha256
+from evolve.scoring.answers import prompt_sha256
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_DIR = FIXTURES / "longmemeval"
@@ -208,10 +208,10 @@ def test_file_lookup_order_and_missing_files(tmp_path: Path) -> None:
 
 
 def test_registry_loads_longmemeval() -> None:
-    tasks = benches.load_taskset("longmemeval", FIXTURES, "all:oracle")
+    tasks = bench("longmemeval").load_taskset(FIXTURES, "all:oracle")
     assert tasks.split == "all:oracle" and len(tasks.questions) == 14
-    assert benches.default_split("longmemeval") == "valid"
-    assert benches.load_taskset("longmemeval", FIXTURES).split == "valid"
+    assert bench("longmemeval").default_split == "valid"
+    assert bench("longmemeval").load_taskset(FIXTURES).split == "valid"
 
 
 # ---------------------------------------------------------------- splits
@@ -462,7 +462,7 @@ def test_summary_by_hand(variants: dict[str, TaskSet]) -> None:
 
 def test_no_judge(variants: dict[str, TaskSet]) -> None:
     task_only = ScriptedLLM(["Yes."], models=Models(task=ModelConfig(model="scripted")))
-    for scorer in (judge.Scorer(None), make_scorer("longmemeval", task_only)):
+    for scorer in (judge.Scorer(None), bench("longmemeval").scorer(task_only)):
         q = variants["s"].questions[0]
         assert scorer.score(q, "Business Administration").scores["judge_correct"] is None
         summary = scorer.summarize([(q, {"judge_correct": None})])
@@ -474,7 +474,7 @@ def test_no_judge(variants: dict[str, TaskSet]) -> None:
 
 
 def test_describe_and_registry() -> None:
-    scorer = make_scorer("longmemeval", ScriptedLLM(["Yes."]))
+    scorer = bench("longmemeval").scorer(ScriptedLLM(["Yes."]))
     assert isinstance(scorer, judge.Scorer) and scorer.metrics == ("judge_correct", "answer_f1")
     described = scorer.describe()
     assert described["judge"] == "scripted" and "no judge was used" not in described["note"]

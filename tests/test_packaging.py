@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from evolve.benches.registry import ENTRIES
 from evolve.compare import REFERENCE_PROGRAMS, reference_programs
-from evolve.datasets.benches import BENCHES, splits_file
 from evolve.resources import seed_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_holds_seeds_splits_and_every_package(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"evolve/seeds/{name}.py" for name in REFERENCE_PROGRAMS} <= names
-    assert {f"evolve/splits/{bench}.json" for bench in BENCHES} <= names
+    assert {f"evolve/splits/{bench.name}.json" for bench in ENTRIES} <= names
     shipped = json.loads(zipfile.ZipFile(wheel).read("evolve/splits/beam.json"))
     assert shipped["splits"]["guard"]["n_questions"] > 0  # the default guard's split
     packages = {str(p.relative_to(ROOT)) for top in ("evolve", "sandbox", "contract")
@@ -87,7 +87,7 @@ def test_an_installed_wheel_runs_from_outside_the_checkout(
 def test_the_resource_helper_finds_the_shipped_files():
     assert [p.stem for p in reference_programs()] == list(REFERENCE_PROGRAMS)
     assert seed_file("hybrid.py").read_text() == (ROOT / "seeds" / "hybrid.py").read_text()
-    assert all(splits_file(bench).is_file() for bench in BENCHES)
+    assert all(bench.splits_file.is_file() for bench in ENTRIES)
 
 
 def test_compare_with_nothing_to_compare_is_one_error_line(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unchecked
 
 from evolve.datasets.beam import load_conversation
 from evolve.datasets.types import TaskSet
@@ -36,7 +37,7 @@ def conversation(data_dir: Path) -> TaskSet:
 
 
 def pipeline_for(source: str, path: str, config: EvalSetup) -> Pipeline:
-    return Pipeline(source, path, llm=make_llm(config), embedder=HashingEmbedder(),
+    return Pipeline(unchecked(source, path), llm=make_llm(config), embedder=HashingEmbedder(),
                     call_prefix=config.call_prefix, max_complete_calls=config.max_complete_calls,
                     call_timeout=config.call_timeout)  # fmt: skip
 
@@ -51,7 +52,7 @@ def test_the_pipeline_retrieves_what_evaluation_retrieved(
                           script=task_script if model else None)  # fmt: skip
     program = SEEDS / seed
     report = run_eval(program, conversation, config, jobs=1)
-    assert report.meta["errors"] == 0, [t.error for t in report.traces if t.error]
+    assert report.meta.errors == 0, [t.error for t in report.traces if t.error]
     evaluated = {t.id: t.retrieved for t in report.traces}
     fresh = dataclasses.replace(config, cache_dir=str(tmp_path / "direct"))  # no reply reused
     pipeline = pipeline_for(program.read_text(), str(program), fresh)
@@ -192,7 +193,7 @@ def test_the_history_is_ingested_before_the_first_question(
     program = SEEDS / "dense.py"
     config = EvalSetup(cache_dir=str(tmp_path), task_model=None, embedder="hashing",
                           llm_concurrency=4)  # fmt: skip
-    result = run_conversation(program.read_text(), str(program), conv, questions, config)
+    result = run_conversation(unchecked(program.read_text(), program), conv, questions, config)
     assert [t.error for t in result.traces] == [None] * len(questions)
     ingest = ["open", *["units", "add"] * len(conv.sessions), "dump", "state_chunk"]
     assert ops == [*ingest, *["query", "retrieve"] * len(questions)]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
 import pytest
+from conftest import minimal
 
 from contract.program import LoadedProgram, check_names, check_shapes, load_program
 from contract.records import (
@@ -26,35 +26,8 @@ from contract.types import ContractError
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
 SEEDS = ("simple", "dense", "hybrid", "prism", "ariadne")
 
-BASE = textwrap.dedent(
-    """\
-    from dataclasses import dataclass
-
-    EXTRACTION_INSTRUCTION = "Extract facts."
-    PLANNING_INSTRUCTION = "Plan a query."
-    ANSWER_INSTRUCTION = "Answer."
-
-
-    @dataclass
-    class MemoryUnit:
-        content: str
-
-
-    @dataclass
-    class Query:
-        text: str
-
-
-    class Memory:
-        def __init__(self, backend):
-            self.units = []
-
-        def index(self, units, segment):
-            self.units.extend(units)
-
-        def retrieve(self, query):
-            return ""
-    """
+BASE = minimal(
+    ('        return "\\n".join(u.content for u in self.units)[:16000]\n', '        return ""\n')
 )
 
 

@@ -85,9 +85,9 @@ def test_a_bad_progress_interval_is_one_error_line_before_any_run(
 
 
 def test_the_progress_line_counts_windows_indexing_and_judge_calls(data_dir: Path):
-    from evolve.datasets.benches import load_taskset
+    from evolve.benches.registry import bench
 
-    tasks = load_taskset("beam", data_dir, "train")
+    tasks = bench("beam").load_taskset(data_dir, "train")
     conv = tasks.conversations[0]
     tally = WorkerEvents(TaskSet(tasks.bench, tasks.split, [conv], ()))
     assert tally.line() is None  # nothing reported yet
@@ -116,7 +116,7 @@ def test_an_evaluation_with_a_task_model_and_a_judge_reports_windows_and_judge_c
     from evolve.config import RunConfig
     from evolve.evaluation.executor import run_eval
     from evolve.evaluation.setup import EvalSetup
-    from evolve.evolution.loop import task_set
+    from evolve.evolution.wiring import task_set
     from evolve.models.llm import ModelConfig, Models
     from evolve.models.testing import ScriptedLLM, task_script
 

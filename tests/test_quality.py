@@ -30,7 +30,7 @@ def scores(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     assert tasks.questions and tasks.conversations[0].n_chars > 5 * OUT_CHAR_BUDGET
     config = EvalSetup(cache_dir=str(tmp_path_factory.mktemp("cache")), task_model=None)
     return {
-        seed: run_eval(SEEDS / f"{seed}.py", tasks, config, jobs=1).scores["overall"]
+        seed: run_eval(SEEDS / f"{seed}.py", tasks, config, jobs=1).scores.overall.as_scores()
         for seed in ("simple", "dense", "hybrid")
     }
 

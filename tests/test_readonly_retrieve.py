@@ -7,14 +7,13 @@ answer to a query before and after another."""
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import MINIMAL
 
 from sandbox.check import check_program
 from sandbox.static import check_source
 
-MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 RETRIEVE = (
     "    def retrieve(self, query):\n"
     '        return "\\n".join(u.content for u in self.units)[:16000]\n'

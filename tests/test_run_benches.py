@@ -1,6 +1,6 @@
 """`evolve run --bench locomo | longmemeval` evolves on that bench.
 
-End to end and offline on the fixtures: the LoCoMo sample (``$EVOLVE_DATA/locomo``, one
+End to end and offline on the fixtures: the LoCoMo sample (``$PRISMEM_DATA/locomo``, one
 conversation, so train and valid are its question halves) and the LongMemEval fixture
 (tests/fixtures/longmemeval). Each run must have evaluated exactly the questions of its bench's
 train and valid splits, labelled with that bench's native capabilities, and its manifest must
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from evolve.benches import registry
 from evolve.cli.main import main
-from evolve.datasets import benches, locomo
+from evolve.datasets import locomo
 from evolve.datasets.types import TaskSet
 from evolve.evolution.manifest import sha256_file
 from evolve.evolution.store import RunStore
@@ -24,8 +25,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _splits(bench: str, root: Path) -> dict[str, TaskSet]:
-    return {s: benches.load_taskset(bench, root, benches.run_split(bench, root, s))
-            for s in ("train", "valid")}  # fmt: skip
+    entry = registry.bench(bench)
+    return {s: entry.load_taskset(root, entry.run_split(root, s)) for s in ("train", "valid")}
 
 
 def _run(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tuple[RunStore, str]:
@@ -51,7 +52,7 @@ def _assert_evolved_on(store: RunStore, bench: str, root: Path, data_file: Path)
     for c in evaluated:
         for split, tasks in expected.items():
             native = {q.id: q.capability for q in tasks.questions}
-            assert c.scores[split]["question_capabilities"] == native, (c.id, split)
+            assert c.scores[split].question_capabilities == native, (c.id, split)
         traced = [t.id for t in store.traces(c.id, "train")]
         assert sorted(traced) == sorted(q.id for q in expected["train"].questions)
 

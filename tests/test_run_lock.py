@@ -14,21 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_config
 
-from evolve.evolution.loop import RunConfig
 from evolve.evolution.store import RunLocked, RunStore
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = "locked"
 
 
 @pytest.fixture
 def runs(data_dir: Path, tmp_path: Path) -> Path:
     """A created run that has not started: a resume evolves it from its seed."""
-    cfg = RunConfig(data_dir=str(data_dir), seed_program=str(ROOT / "seeds" / "hybrid.py"),
-                    cache_dir=str(tmp_path / "cache"), jobs=1, embedder="hashing",
-                    rounds={"cold_start": 1, "refinement": 0, "integration": 0},
-                    conversations=1, children=1, cascade=False)  # fmt: skip
+    cfg = run_config(data_dir, tmp_path / "cache", children=1, cascade=False,
+                     rounds={"cold_start": 1, "refinement": 0, "integration": 0})  # fmt: skip
     manifest = {"config": cfg.as_json(), "fitness": cfg.fitness().describe()}
     RunStore.create(tmp_path / "runs", manifest, run_id=RUN)
     return tmp_path / "runs"

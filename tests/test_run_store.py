@@ -119,7 +119,8 @@ def test_update(tmp_path: Path) -> None:
     updated = store.update(
         "c0000", status="evaluated", scores=scores, usage=usage, sandbox={"passed": True}
     )
-    assert updated.status == "evaluated" and updated.scores == scores
+    assert updated.status == "evaluated"
+    assert {k: v.model_dump() for k, v in updated.scores.items()} == scores
     assert updated.usage == {"prompt_tokens": 10, "completion_tokens": 5, "cost_usd": 0.01}
     reopened = RunStore.open(tmp_path, store.run_id)
     assert reopened.get(cand.id) == updated

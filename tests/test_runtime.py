@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 import evolve
-from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.identity import HEADER_MARK, ScoredAs, pipeline_version, read_scored_as
 from evolve.evaluation.pipeline import Pipeline
-from evolve.evolution.export import HEADER_MARK, ScoredAs, read_scored_as
 from evolve.models.embed import precision
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import MINIMAL
 
 import evolve
 from evolve.evaluation.setup import EvalSetup
@@ -33,7 +34,6 @@ from evolve.runtime.store import scope_key
 # Embeds every unit it indexes (and, with ASK, sends it to the task model); a query
 # ``probe:{"embed": [...], "complete": [...]}`` makes retrieve ask for each text in its own call
 # and return the seconds each call took, as the program measures them.
-MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
 INDEX = """    def index(self, units, segment):
         self.units.extend(units)
 """
@@ -78,12 +78,12 @@ def probe(
 
 
 def opened(
-    tmp_path: Path, config: EvalSetup, notices: list[str] | None = None, ask: bool = False
+    tmp_path: Path, setup: EvalSetup, notices: list[str] | None = None, ask: bool = False
 ) -> Any:
     prog = tmp_path / "probe.py"
     prog.write_text(PROBE.replace("ASK = False", f"ASK = {ask}"))
     said = notices if notices is not None else []
-    return evolve.open_memory(prog, tmp_path / "store", config=config, notice=said.append)
+    return evolve.open_memory(prog, tmp_path / "store", setup=setup, notice=said.append)
 
 
 def secret(k: int) -> str:
@@ -203,10 +203,10 @@ def test_another_users_task_model_replies_are_not_served(tmp_path: Path):
         sent.append(str(messages[-1].get("content", "")))
         return task_script(role, purpose, messages)
 
-    config = EvalSetup(cache_dir=str(tmp_path / "store" / "cache"), embedder="hashing",
+    setup = EvalSetup(cache_dir=str(tmp_path / "store" / "cache"), embedder="hashing",
                        task_model=ModelConfig(model="scripted"), script=script,
                        call_prefix="runtime")  # fmt: skip
-    with opened(tmp_path, config, ask=True) as memory:
+    with opened(tmp_path, setup, ask=True) as memory:
         memory.add([{"content": secret(k)} for k in range(3)], user="ana")
         memory.context("where does ana live?", user="ana")
         notes = [p for p in sent if p.startswith("note: ")]

@@ -14,17 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import MINIMAL
+
 import evolve
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = 10
 
 # One short unit per session, retrieval = every unit in index order: the memory, exactly.
-PROGRAM = (
-    (Path(__file__).parent / "fixtures" / "minimal_program.py")
-    .read_text()
-    .replace('"\\n".join', '" ".join')
-)
+PROGRAM = MINIMAL.replace('"\\n".join', '" ".join')
 
 CHILD = """
 import sys

@@ -12,7 +12,7 @@ import pytest
 
 from contract.types import Message, Segment
 from evolve.runtime.log import MAGIC, LogError, SessionLog, encode
-from evolve.runtime.store import Deployment, Store, StoreError, scope_key
+from evolve.runtime.store import Deployment, MemoryStore, MemoryStoreError, scope_key
 
 
 def seg(i: int, text: str = "hello") -> Segment:
@@ -97,7 +97,7 @@ def test_the_build_key_is_the_one_existing_stores_were_written_with():
 
 
 def test_snapshots_by_build_and_position(tmp_path: Path):
-    store = Store(tmp_path, deployment(), "x = 1\n")
+    store = MemoryStore(tmp_path, deployment(), "x = 1\n")
     store.open_log("ana")
     assert store.snapshot("ana", 10) is None
     store.put_snapshot("ana", 3, b"three")
@@ -106,44 +106,44 @@ def test_snapshots_by_build_and_position(tmp_path: Path):
     assert store.snapshot("ana", 4) is None  # the older one was removed once the newer landed
     assert store.snapshot("bob", 10) is None
     store.close()
-    other = Store(tmp_path, deployment(embedder="minilm"), "x = 1\n")  # another build
+    other = MemoryStore(tmp_path, deployment(embedder="minilm"), "x = 1\n")  # another build
     assert other.snapshot("ana", 10) is None
 
 
 def test_switching_programs_keeps_the_previous_one(tmp_path: Path):
-    first = Store(tmp_path, deployment("a" * 64), "first = 1\n")
+    first = MemoryStore(tmp_path, deployment("a" * 64), "first = 1\n")
     assert first.switched_from is None and first.previous_program() is None
     first.close()
-    second = Store(tmp_path, deployment("b" * 64), "second = 1\n")
+    second = MemoryStore(tmp_path, deployment("b" * 64), "second = 1\n")
     assert second.switched_from == "a" * 64
     previous = second.previous_program()
     assert previous is not None and previous.read_text() == "first = 1\n"
     second.close()
-    back = Store(tmp_path, deployment("a" * 64), "first = 1\n")  # roll back
+    back = MemoryStore(tmp_path, deployment("a" * 64), "first = 1\n")  # roll back
     assert back.switched_from == "b" * 64 and back.manifest["active"] == "a" * 64
 
 
 def test_scope_ids_cannot_name_paths(tmp_path: Path):
-    store = Store(tmp_path, deployment(), "x = 1\n")
+    store = MemoryStore(tmp_path, deployment(), "x = 1\n")
     assert store.scope_dir("../../etc").parent == tmp_path / "scopes"
     assert scope_key("a") != scope_key("b")
-    with pytest.raises(StoreError):
+    with pytest.raises(MemoryStoreError):
         scope_key("")
 
 
 def test_a_damaged_manifest_is_one_error(tmp_path: Path):
-    Store(tmp_path, deployment(), "x = 1\n").close()
+    MemoryStore(tmp_path, deployment(), "x = 1\n").close()
     (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(StoreError, match="manifest.json is unreadable"):
-        Store(tmp_path, deployment(), "x = 1\n")
+    with pytest.raises(MemoryStoreError, match="manifest.json is unreadable"):
+        MemoryStore(tmp_path, deployment(), "x = 1\n")
 
 
 def test_one_process_per_store(tmp_path: Path):
-    store = Store(tmp_path, deployment(), "x = 1\n")
-    with pytest.raises(StoreError, match=rf"open in another process \(PID {os.getpid()}\)"):
-        Store(tmp_path, deployment(), "x = 1\n")
+    store = MemoryStore(tmp_path, deployment(), "x = 1\n")
+    with pytest.raises(MemoryStoreError, match=rf"open in another process \(PID {os.getpid()}\)"):
+        MemoryStore(tmp_path, deployment(), "x = 1\n")
     store.close()
-    Store(tmp_path, deployment(), "x = 1\n").close()
+    MemoryStore(tmp_path, deployment(), "x = 1\n").close()
 
 
 def test_drop_last_takes_back_the_last_append(tmp_path: Path):

@@ -26,7 +26,7 @@ def test_context_equals_the_evaluations_retrieved_text(data_dir: Path, tmp_path:
     conv, questions = load_conversation(data_dir, "100K", "1")
     tasks = TaskSet("beam", "parity", (conv,), tuple(questions))
 
-    def config(cache: str) -> EvalSetup:
+    def setup(cache: str) -> EvalSetup:
         if mode == "offline":
             return EvalSetup(cache_dir=str(tmp_path / cache), task_model=None,
                                 embedder="hashing")  # fmt: skip
@@ -34,12 +34,12 @@ def test_context_equals_the_evaluations_retrieved_text(data_dir: Path, tmp_path:
         return EvalSetup(cache_dir=str(tmp_path / cache), embedder="hashing",
                             task_model=model, script=task_script)  # fmt: skip
 
-    report = run_eval(PROGRAM, tasks, config("eval-cache"), jobs=1)
-    assert report.meta["errors"] == 0
+    report = run_eval(PROGRAM, tasks, setup("eval-cache"), jobs=1)
+    assert report.meta.errors == 0
     retrieved = {t.id: t.retrieved or "" for t in report.traces}
 
     notices: list[str] = []
-    with evolve.open_memory(PROGRAM, tmp_path / "store", config=config("runtime-cache"),
+    with evolve.open_memory(PROGRAM, tmp_path / "store", setup=setup("runtime-cache"),
                             notice=notices.append) as memory:  # fmt: skip
         for session in conv.sessions:
             memory.add(session.messages, user="beam-1", date=session.date,

@@ -31,9 +31,10 @@ processes; nothing is written to a world-writable sentinel folder under ``tmp_pa
 mtime and size; a TCP server on 127.0.0.1 receives no connection.
 
 Speed: :data:`sandbox.check.TIER_SECONDS` is patched for this module to
-:data:`FAST_TIER_SECONDS` (source/schema/smoke 5 s, probe 12 s instead of 30/15/30/90 s), so the
-run-time cases that hang are killed after 5-12 s instead of 30-90 s. Static cases take
-milliseconds; the whole module takes about a minute on two cores.
+:data:`FAST_TIER_SECONDS` (source/schema/smoke 5 s, probe 12 s instead of 30/15/30/90 s), and a
+case that hangs in a tier (``Case.hangs``) gets :data:`HANG_SECONDS` there (2 s, probe 6 s), so
+it is killed after 2-6 s instead of 30-90 s. Static cases take milliseconds; the whole module
+takes about 40 s on two cores.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Unavailable
+from conftest import Unavailable, minimal
 
 from sandbox import barrier
 from sandbox import check as sandbox_check
@@ -65,6 +66,9 @@ DENSE = (REPO / "seeds" / "dense.py").read_text()
 WATCHED = [REPO / "splits" / "beam.json", *SEEDS]
 PWNED_PREFIX = f"/tmp/prismem-pwned-{uuid.uuid4().hex[:10]}"
 FAST_TIER_SECONDS = {"source": 5.0, "schema": 5.0, "smoke": 5.0, "probe": 12.0}
+# A case that hangs in a tier (Case.hangs) gets this limit there: the limit under test kills it
+# as surely as the module's, and the tiers before it keep theirs.
+HANG_SECONDS = {"source": 2.0, "smoke": 2.0, "probe": 6.0}
 TIMEOUT_CEILING_S = 120.0  # any single check, hung programs included, returns within this
 
 
@@ -87,17 +91,6 @@ def dense(*, top: str = "", init: str = "", index: str = "", retrieve: str = "")
         if code:
             assert anchor in src, f"seeds/dense.py changed: {anchor!r} not found"
             src = src.replace(anchor, anchor + _block(code, indent), 1)
-    return src
-
-
-MINIMAL = (Path(__file__).parent / "fixtures" / "minimal_program.py").read_text()
-
-
-def minimal(*edits: tuple[str, str]) -> str:
-    src = MINIMAL
-    for old, new in edits:
-        assert old in src, old
-        src = src.replace(old, new, 1)
     return src
 
 
@@ -142,6 +135,7 @@ class Case:
     runtime: bool = False  # gets past static analysis: contained at run time
     barrier: bool = False  # contained only by the OS barrier (NPROC, seccomp, namespaces)
     seconds: float = TIMEOUT_CEILING_S
+    hangs: str | None = None  # the tier it hangs in, killed by that tier's wall clock
 
 
 def static(id: str, source: str, *rules: str, **kw: Any) -> Case:
@@ -401,7 +395,8 @@ CASES: list[Case] = [
         dense(top="while True:\n    pass"),
         1,
         "timeout",
-        seconds=FAST_TIER_SECONDS["source"] + 15,
+        seconds=HANG_SECONDS["source"] + 15,
+        hangs="source",
     ),
     # ---- run time, tier 2 (schema and signatures)
     runtime(
@@ -521,14 +516,16 @@ CASES: list[Case] = [
         dense(index="while True:\n    pass"),
         3,
         "timeout",
-        seconds=FAST_TIER_SECONDS["smoke"] + 15,
+        seconds=HANG_SECONDS["smoke"] + 15,
+        hangs="smoke",
     ),
     runtime(
         "infinite-loop-in-retrieve",
         dense(retrieve="n = 0\nwhile True:\n    n += 1"),
         3,
         "timeout",
-        seconds=FAST_TIER_SECONDS["smoke"] + 15,
+        seconds=HANG_SECONDS["smoke"] + 15,
+        hangs="smoke",
     ),
     # ---- run time, tier 4 (complexity probe)
     runtime(
@@ -549,7 +546,8 @@ CASES: list[Case] = [
         4,
         "timeout",
         "probe",
-        seconds=FAST_TIER_SECONDS["probe"] + 15,
+        seconds=HANG_SECONDS["probe"] + 15,
+        hangs="probe",
     ),
     runtime(  # allowed by static analysis: bm25s re-exports concurrent.futures' executor
         "threads-via-bm25s-executor",
@@ -736,7 +734,11 @@ def test_corpus_is_large_and_distinct() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_hostile_program_is_rejected_and_contained(
-    case: Case, tmp_path: Path, listener: Listener, unavailable: Unavailable
+    case: Case,
+    tmp_path: Path,
+    listener: Listener,
+    unavailable: Unavailable,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if case.barrier:
         _need_barrier(unavailable)
@@ -745,6 +747,8 @@ def test_hostile_program_is_rejected_and_contained(
     pwned = f"{PWNED_PREFIX}-{case.id}"
     source = _render(case, sentinel, pwned, listener.port)
     before, children = _snapshot(), _children()
+    if case.hangs:
+        monkeypatch.setitem(sandbox_check.TIER_SECONDS, case.hangs, HANG_SECONDS[case.hangs])
 
     start = time.monotonic()
     report = check_program(source, path=f"<{case.id}>", parent_source=case.parent)

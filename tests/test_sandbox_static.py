@@ -7,40 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MINIMAL
 
 from sandbox.static import ALLOWED_IMPORTS, check_source
 
 SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("[!_]*.py"))
 
-BASE = '''"""A minimal valid program; snippets are appended after it."""
-from dataclasses import dataclass
-
-EXTRACTION_INSTRUCTION = "Extract facts."
-PLANNING_INSTRUCTION = "Plan a query."
-ANSWER_INSTRUCTION = "Answer."
-
-
-@dataclass
-class MemoryUnit:
-    content: str
-
-
-@dataclass
-class Query:
-    text: str
-
-
-class Memory:
-    def __init__(self, backend):
-        self.backend = backend
-        self._units = []
-
-    def index(self, units, segment):
-        self._units.extend(units)
-
-    def retrieve(self, query):
-        return "\\n".join(u.content for u in self._units)
-'''
+BASE = MINIMAL  # snippets are appended after it
 BASE_LINES = BASE.count("\n")
 
 
@@ -268,8 +241,8 @@ def test_at_least_25_distinct_hostile_snippets() -> None:
 INDEX_FILLS_MODULE_DICT = (
     BASE.replace("class Memory:", "SEEN = {}\n\n\nclass Memory:")
     .replace(
-        "        self._units.extend(units)\n",
-        "        self._units.extend(units)\n        SEEN[segment] = len(units)\n",
+        "        self.units.extend(units)\n",
+        "        self.units.extend(units)\n        SEEN[segment] = len(units)\n",
     )
     .replace('return "\\n".join(', 'return str(len(SEEN)) + "\\n".join(')
 )

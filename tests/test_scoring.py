@@ -315,6 +315,7 @@ def test_aggregate_of_scorer_output(scorer: RetrievalScorer) -> None:
 
 
 def test_a_score_prints_alike_in_tables_the_run_report_and_the_coders_prompt() -> None:
+    from evolve.evaluation.report import ScoreBlock
     from evolve.evolution.coder import FITNESS_KEY, _score_table
     from evolve.evolution.report import _cell
     from evolve.scoring import fmt_score
@@ -322,7 +323,8 @@ def test_a_score_prints_alike_in_tables_the_run_report_and_the_coders_prompt() -
     value = 2 / 3
     assert fmt_score(value) == f"{value:.3f}" and fmt_score(None) == "—"
     row = {**dict.fromkeys((FITNESS_KEY, *METRICS), value), "n": 3}  # the fitness column first
-    table = _score_table({"train": {"overall": row, "by_capability": {}}}, "train")
+    block = ScoreBlock.model_validate({"overall": row, "by_capability": {}})
+    table = _score_table({"train": block}, "train")
     cells = " | ".join([fmt_score(value)] * (len(METRICS) + 1))
     assert table.splitlines()[2] == f"| overall | 3 | {cells} |"
     assert f">{fmt_score(value)}<" in _cell(value)

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_config
 
 from evolve.datasets.types import Question, TaskSet
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.budget import calls_path
-from evolve.evolution.cases import differential_cases, failing_cases
+from evolve.evolution.cases import SeededDraw, differential_cases, failing_cases
 from evolve.evolution.coder import render_request
-from evolve.evolution.loop import Evolution, RunConfig
+from evolve.evolution.loop import Evolution
 from evolve.evolution.proposer import CandidateView, Request
 from evolve.evolution.selection import dependency_aware, round_robin
 from evolve.evolution.stages import common_ancestor, partners
@@ -29,6 +30,7 @@ from evolve.trace import QuestionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = (ROOT / "seeds" / "hybrid.py").read_text()
+pytestmark = pytest.mark.usefixtures("check_once")  # the runs here check the same programs
 
 
 def annotator_script(role: str, purpose: str, messages: list[dict[str, Any]]) -> str:
@@ -55,11 +57,9 @@ def coder_script() -> Any:
 def run(data_dir: Path, stages: Path, root: Path, run_id: str, **over: Any) -> Evolution:
     """A run in ``root`` with the scripted coder and annotator; step outputs go to ``stages``
     (a cache shared with other offline tests), the LLM request cache stays in ``root``."""
-    base = {"data_dir": str(data_dir), "seed_program": str(ROOT / "seeds" / "hybrid.py"),
-            "cache_dir": str(stages), "jobs": 1, "embedder": "hashing",
-            "conversations": 1, "coder_model": {"model": "scripted"}, "children": 1,
+    base = {"coder_model": {"model": "scripted"}, "children": 1,
             "rounds": {"cold_start": 1, "refinement": 2, "integration": 1}}  # fmt: skip
-    config = RunConfig(**{**base, **over})
+    config = run_config(data_dir, stages, **{**base, **over})
     store = RunStore.create(root, {"config": config.as_json()}, run_id=run_id)
     cache = root / "cache" / "llm-cache.sqlite"
     coder = ScriptedLLM(coder_script(), log_path=calls_path(store.root), cache_path=cache)
@@ -90,12 +90,12 @@ def test_annotation_is_cached_per_task_and_model(full: Evolution):
 
 def test_diagnostics_per_capability_reach_the_coder(full: Evolution):
     seed = full.store.candidates()[0]
-    table = seed.scores["train"]["diagnostics"]
-    assert {"overall", "F", "T"} <= set(table)
+    table = seed.scores["train"].diagnostics
+    assert table is not None and {"overall", "F", "T"} <= set(table)
     for row in table.values():
         assert 0.0 <= row["d_ext"] <= 1.0 + 1e-6 and 0.0 <= row["d_idx"] <= 1.0 + 1e-6
         assert row["unit_chars"] > 0 and row["retrieved_chars"] > 0
-    assert seed.scores["valid"]["diagnostics"] is None  # diagnostics steer on train only
+    assert seed.scores["valid"].diagnostics is None  # diagnostics steer on train only
     assert isinstance(full.coder, ScriptedLLM)
     prompts = [m[-1]["content"] for _, purpose, m in full.coder.transport_calls
                if purpose == "cold_start/diagnose"]  # fmt: skip
@@ -119,7 +119,8 @@ def test_refinement_targets_follow_the_dependency_rule(full: Evolution):
 def test_integration_is_compared_with_routing(full: Evolution):
     merged = [c for c in full.store.candidates() if c.stage == "integration"]
     assert len(merged) == 1 and merged[0].status == "evaluated"
-    routing = merged[0].scores["valid"]["routing"]
+    routing = merged[0].scores["valid"].routing
+    assert routing is not None
     assert routing["oracle_router"] is not None and routing["question_router"] is not None
     assert isinstance(routing["beats_routing"], bool)
     (event,) = full.store.events("routing")
@@ -186,7 +187,7 @@ def test_random_cases_differ_from_the_worst():
     embedder = HashingEmbedder()
     worst = [c["id"] for c in failing_cases(mine, tasks, None, limit=2, embedder=embedder)]
     assert worst == ["q1", "q2"]
-    drawn = {tuple(c["id"] for c in failing_cases(mine, tasks, None, limit=2, mode="random",
+    drawn = {tuple(c["id"] for c in failing_cases(mine, tasks, None, limit=2, order=SeededDraw(),
                                                  seed=str(s), embedder=embedder))
              for s in range(8)}  # fmt: skip
     assert len(drawn) > 1

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 from contract.program import load_program
 from contract.spec import COMPONENTS
 from contract.state import dump_state, load_state
-from evolve.evaluation import conversation as session
-from evolve.evaluation import prompts
+from evolve.evaluation import identity, prompts
 from evolve.evaluation.stepcache import StepKeys, StepStore
 from sandbox.fingerprint import changed_components, fingerprints
 
@@ -374,36 +373,36 @@ def test_every_key_carries_the_pipeline_version() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        (session, "PIPELINE_VERSION", "2"),
+        (identity, "PIPELINE_VERSION", "2"),
         (prompts, "EXTRACT_PROMPT", "{instruction}\n{schema}\n{window}"),
         (prompts, "PLAN_PROMPT", "{instruction}{schema}Q: {question}{when}"),
         (prompts, "ANSWER_PROMPT", "{instruction}{retrieved}{today}{question}"),
         (prompts, "EXTRACT_WINDOW_CHARS", 12_000),
-        (session, "OUT_CHAR_BUDGET", 8_000),
-        (session, "TRUNCATION", "suffix"),
+        (identity, "OUT_CHAR_BUDGET", 8_000),
+        (identity, "TRUNCATION", "suffix"),
     ],
 )
 def test_pipeline_version_follows_what_shapes_outputs(
     monkeypatch: pytest.MonkeyPatch, change: tuple[Any, str, Any]
 ) -> None:
-    base = session.pipeline_version()
+    base = identity.pipeline_version()
     monkeypatch.setattr(*change)
-    assert session.pipeline_version() != base
+    assert identity.pipeline_version() != base
 
 
 @pytest.mark.parametrize("library", ["numpy", "bm25s", "sentence-transformers", "torch"])
 def test_pipeline_version_follows_library_versions(
     other_version: Callable[[str], None], library: str
 ) -> None:
-    base = session.pipeline_version()
+    base = identity.pipeline_version()
     other_version(library)
-    assert session.pipeline_version() != base
+    assert identity.pipeline_version() != base
 
 
 def test_pipeline_version_follows_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = session.pipeline_version()
-    monkeypatch.setattr(session.Embedder, "name", "all-MiniLM-L12-v2")
-    assert session.pipeline_version() != base
+    base = identity.pipeline_version()
+    monkeypatch.setattr(identity.Embedder, "name", "all-MiniLM-L12-v2")
+    assert identity.pipeline_version() != base
 
 
 def test_stage_keys_extract() -> None:
@@ -904,3 +903,19 @@ def test_an_edit_nothing_reaches_changes_no_fingerprint(which: int, n: int, op: 
     program = BASE + helper.format(op="+", n=0)
     bodies = [helper.format(op=op, n=n), helper.format(op="-", n=n + 1), helper.format(op=op, n=7)]
     assert fingerprints(BASE + bodies[which]) == fingerprints(program) == fingerprints(BASE)
+
+
+def test_only_the_step_cache_derives_its_keys_and_folders() -> None:
+    """One cache layout: outside :mod:`evolve.evaluation.stepcache` the project opens the step
+    cache through :func:`~evolve.evaluation.stepcache.program_steps` (or ``step_root``), never
+    by building keys or a store itself."""
+    root = Path(__file__).resolve().parents[1]
+    built = [
+        f"{path.relative_to(root)}:{n}"
+        for folder in ("evolve", "sandbox", "contract", "bench")
+        for path in sorted((root / folder).rglob("*.py"))
+        if path.name != "stepcache.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "StepKeys(" in line or "StepStore(" in line
+    ]
+    assert built == []

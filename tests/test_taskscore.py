@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from evolve.benches.registry import bench
 from evolve.config import RunConfig
 from evolve.datasets.slices import write_slice
 from evolve.evolution.budget import calls_path
@@ -21,7 +22,7 @@ from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import status
 from evolve.models.llm import ModelConfig, Models
 from evolve.models.testing import ScriptedLLM, task_script
-from evolve.scoring.fitness import Fitness, choose
+from evolve.scoring.fitness import Fitness
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMPLE = (ROOT / "seeds" / "simple.py").read_text()
@@ -91,16 +92,20 @@ def test_a_better_answer_instruction_wins_and_better_retrieval_with_worse_answer
     retrieval = ("evidence_similarity", "evidence_hit_rate")
     assert all(m.status == "evaluated" for m in c.values())
     report = status(judged_run.store)
-    assert report["best"]["id"] == c["A"].id
+    assert report.best == c["A"].id
     # A: same retrieval as its parent, judged answers flipped from 0 to 1 on several questions
-    assert {k: a["overall"][k] for k in retrieval} == {k: seed["overall"][k] for k in retrieval}
-    flipped = [q for q in a["questions"] if seed["questions"][q] == 0.0 and a["questions"][q] == 1]
+    assert {k: a.overall.metric(k) for k in retrieval} == {
+        k: seed.overall.metric(k) for k in retrieval
+    }
+    flipped = [q for q in a.questions if seed.questions[q] == 0.0 and a.questions[q] == 1]
     assert len(flipped) >= 4
     # B: better retrieval than A, worse judged answers
-    assert b["overall"]["evidence_similarity"] > a["overall"]["evidence_similarity"]
-    assert b["overall"]["fitness"] < a["overall"]["fitness"]
-    assert report["fitness"]["name"] == "judged" and report["fitness"]["version"]
-    assert a["fitness"]["name"] == "judged"  # every score block names its mode
+    assert (b.overall.metric("evidence_similarity") or 0) > (
+        a.overall.metric("evidence_similarity") or 0
+    )
+    assert (b.overall.fitness or 0) < (a.overall.fitness or 0)
+    assert report.fitness.name == "judged" and report.fitness.version
+    assert a.fitness is not None and a.fitness.name == "judged"  # every block names its mode
 
 
 def test_abstention_questions_count_in_the_adversarial_capability(judged_run: Evolution):
@@ -109,10 +114,10 @@ def test_abstention_questions_count_in_the_adversarial_capability(judged_run: Ev
     abstention = {q.id for q in valid.questions if q.ability == "abstention"}
     assert abstention and all(q.capability == "A" for q in valid.questions if q.id in abstention)
     for meta in c.values():
-        assert abstention <= set(meta.scores["valid"]["questions"])
-    assert c["A"].scores["valid"]["by_capability"]["A"]["fitness"] == 1.0
-    assert c["seed"].scores["valid"]["by_capability"]["A"]["fitness"] == 0.0
-    assert status(judged_run.store)["specialists"]["A"]["id"] == c["A"].id
+        assert abstention <= set(meta.scores["valid"].questions)
+    assert c["A"].scores["valid"].by_capability["A"].fitness == 1.0
+    assert c["seed"].scores["valid"].by_capability["A"].fitness == 0.0
+    assert status(judged_run.store).specialists["A"]["id"] == c["A"].id
 
 
 def test_a_child_with_unchanged_answers_makes_no_new_judge_call(judged_run: Evolution):
@@ -132,14 +137,15 @@ def test_a_child_with_unchanged_answers_makes_no_new_judge_call(judged_run: Evol
 
 def test_the_mode_follows_the_configuration():
     model = ModelConfig(model="m")
-    assert choose("beam", None, True).mode == "retrieval"
-    assert choose("beam", model, False).mode == "answer-f1"
-    assert choose("beam", model, True, "official").describe()["variant"] == "official"
-    beam = {"beam_official": 0.0, "beam_described": 0.5, "answer_f1": 0.2}
-    assert Fitness("judged", "beam").question(beam) == 0.5
-    assert Fitness("judged", "beam", "official").question(beam) == 0.0
-    assert Fitness("answer-f1", "beam").question(beam) == 0.2
+    beam, locomo = bench("beam"), bench("locomo")
+    assert beam.fitness(None, True).mode == "retrieval"
+    assert beam.fitness(model, False).mode == "answer-f1"
+    assert beam.fitness(model, True, "official").describe()["variant"] == "official"
+    scores = {"beam_official": 0.0, "beam_described": 0.5, "answer_f1": 0.2}
+    assert beam.fitness(model, True).question(scores) == 0.5
+    assert beam.fitness(model, True, "official").question(scores) == 0.0
+    assert beam.fitness(model, False).question(scores) == 0.2
     category_5 = {"judge_correct": None, "f1_official": 1.0}  # the official rule, no judge
-    assert Fitness("judged", "locomo").question(category_5) == 1.0
-    assert Fitness("judged", "locomo").question({"judge_correct": 0.0, "f1_official": 1.0}) == 0
-    assert Fitness("retrieval", "beam").question({"evidence_similarity": None}) is None
+    assert locomo.fitness(model, True).question(category_5) == 1.0
+    assert locomo.fitness(model, True).question({"judge_correct": 0.0, "f1_official": 1.0}) == 0
+    assert Fitness("retrieval").question({"evidence_similarity": None}) is None

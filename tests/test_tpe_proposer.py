@@ -19,7 +19,8 @@ from evolve.config import RunConfig, stored_config
 from evolve.evolution.constants import REBUILD, ConstantProposer, rebuild_names, tunables
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.tpe import STARTUP, SUBSPACE, TPEProposer, constant_proposer
+from evolve.evolution.tpe import STARTUP, SUBSPACE, TPEProposer
+from evolve.evolution.wiring import constant_proposer
 from sandbox.fingerprint import changed_components
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
@@ -67,7 +68,7 @@ def request(store: RunStore, round_no: int, *, skip: frozenset[str] = frozenset(
     leaves out the ids in ``skip`` (a replayed round's own children) but holds ``siblings``."""
     held = [c for c in store.candidates() if c.status != "proposed" and c.id not in skip]
     best = max((c for c in held if c.status == "evaluated"),
-               key=lambda c: c.scores["train"]["overall"]["fitness"])  # fmt: skip
+               key=lambda c: c.scores["train"].overall.fitness or 0.0)  # fmt: skip
     return Request("refinement", round_no, view(store, best), target, child=child,
                    known=frozenset(c.source_sha256 for c in held) | siblings,
                    siblings=siblings)  # fmt: skip
@@ -114,7 +115,7 @@ def test_a_fresh_proposer_continues_the_stored_study(tmp_path: Path) -> None:
     # The study is the run's: the same request over other told values proposes otherwise.
     flipped = RunStore.create(tmp_path, {"config": {}}, run_id="flipped")
     for c in whole.candidates():
-        file(flipped, whole.source(c.id), c.parents, -c.scores["train"]["overall"]["fitness"])
+        file(flipped, whole.source(c.id), c.parents, -(c.scores["train"].overall.fitness or 0.0))
     reqs = [request(whole, rounds, child=k) for k in range(4)]  # 4 subspaces, 3 tunables each
     moved = [TPEProposer(1, whole.root).propose(req).source for req in reqs]
     assert [TPEProposer(1, flipped.root).propose(req).source for req in reqs] != moved
@@ -164,7 +165,7 @@ def test_only_train_scores_and_the_target_steer_it(tmp_path: Path) -> None:
     def rescored(name: str, make: Callable[[float], dict[str, dict[str, object]]]) -> list[str]:
         store = RunStore(shutil.copytree(base.root, tmp_path / name))
         for c in store.candidates():
-            store.update(c.id, scores=make(c.scores["train"]["overall"]["fitness"]))
+            store.update(c.id, scores=make(c.scores["train"].overall.fitness or 0.0))
         return [TPEProposer(5, store.root).propose(req).source for req in reqs]
 
     sources = [p.source for p in proposals]
@@ -276,8 +277,9 @@ def test_a_child_searches_a_few_tunables_the_targets_guided_first(tmp_path: Path
 def test_children_the_cascade_stopped_are_trials_at_their_estimated_value(tmp_path: Path) -> None:
     store = new_run(tmp_path, "r")
     seed = store.candidates()[0]
-    train = {**seed.scores["train"], "questions": {"q1": 0.8, "q2": 0.6, "q3": 0.5},
-             "question_capabilities": {"q1": "F", "q2": "F", "q3": "T"}}  # fmt: skip
+    train = seed.scores["train"].model_copy(update={
+        "questions": {"q1": 0.8, "q2": 0.6, "q3": 0.5},
+        "question_capabilities": {"q1": "F", "q2": "F", "q3": "T"}})  # fmt: skip
     store.update(seed.id, scores={**seed.scores, "train": train})
     child = store.add_candidate(HYBRID.replace("TOP_K = 80", "TOP_K = 40"), parents=[seed.id],
                                 stage="refinement", capability="F", message="m")  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import unchecked
 
 from contract.types import BackendError, Message, Segment
 from evolve.evaluation.backend import MAX_EMBED_TEXTS, MAX_REPLY_BYTES, BackendService
@@ -55,7 +56,7 @@ def test_probe_rows_look_like_sentence_embeddings_not_gaussians() -> None:
     """Measured on 400 LoCoMo messages with all-MiniLM-L6-v2: mean row norm 0.52, mean pairwise
     cosine 0.27, top components 8 %, 6 %, 6 % of the variance; isotropic gaussian rows have a
     mean near 0, cosines near 0, and no component over 1 %."""
-    conversation = tiers.Conversation.draw(400, seed=5)
+    conversation = tiers.SyntheticConversation.draw(400, seed=5)
     texts = [m.text() for s in conversation.sessions for m in s.messages]
     rows = rows_of(texts)
     assert rows.dtype == np.float32 and rows.shape == (400, probe.EVAL_DIM)
@@ -108,7 +109,7 @@ def test_a_smoke_tier_detector_learns_nothing() -> None:
     failure = report.failure
     assert failure is not None and failure.tier == 3, report.repair_text()
     in_check = failure.error
-    pipeline = Pipeline(DETECTOR, "detector.py", llm=None, embedder=HashingEmbedder(),
+    pipeline = Pipeline(unchecked(DETECTOR, "detector.py"), llm=None, embedder=HashingEmbedder(),
                         call_prefix="test", max_complete_calls=8, call_timeout=30.0)  # fmt: skip
     segment = Segment("1", "2024-03-01", (Message("1:0", "user", "I moved the budget meeting."),))
     try:

@@ -4,7 +4,7 @@ reads.
 Owns :func:`add_command` and :func:`cmd_cache`. The step store keeps one folder per pipeline
 version under each step (:mod:`evolve.evaluation.stepcache`); an entry of another version, or of the
 layout before version folders, is never read by this pipeline version
-(:func:`evolve.evaluation.conversation.pipeline_version` is in every key), so ``--prune`` removes
+(:func:`evolve.evaluation.identity.pipeline_version` is in every key), so ``--prune`` removes
 those
 folders. The other caches (embeddings, LLM replies, ceilings) are keyed by their content and
 stay readable across versions; they are shown, never pruned here.
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from evolve.cli.common import UsageError, default_cache_dir, out
-from evolve.evaluation.conversation import pipeline_version
-from evolve.evaluation.stepcache import stale_folders, step_usage
+from evolve.evaluation.identity import pipeline_version
+from evolve.evaluation.stepcache import STEPS_FOLDER, stale_folders, step_root, step_usage
 
 
 def add_command(sub: Any) -> None:
@@ -33,7 +33,7 @@ def add_command(sub: Any) -> None:
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None,
-        help="the cache folder (default ~/.cache/prismem or $EVOLVE_CACHE)",
+        help="the cache folder (default ~/.cache/prismem or $PRISMEM_CACHE)",
     )  # fmt: skip
     parser.add_argument(
         "--prune", action="store_true",
@@ -56,20 +56,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise UsageError(f"no cache folder at {root}")
     version = pipeline_version()
-    stages = root / "stages"
-    usage = step_usage(stages, version)
+    steps = step_root(root)
+    usage = step_usage(steps, version)
     out.print(f"cache {root}")
     out.print(f"steps, this pipeline version: {usage.current_entries:,} entries, "
               f"{_mib(usage.current_bytes)}")  # fmt: skip
     out.print(f"steps, other versions (unreadable now): {usage.stale_entries:,} entries, "
               f"{_mib(usage.stale_bytes)}")  # fmt: skip
-    for other in sorted(p for p in root.iterdir() if p.name != "stages"):
+    for other in sorted(p for p in root.iterdir() if p.name != STEPS_FOLDER):
         out.print(f"{other.name}: {_mib(_size(other))}")
     if not args.prune:
         if usage.stale_entries:
             out.print("evolve cache --prune removes the step outputs of other versions")
         return 0
-    for folder in stale_folders(stages, version):
+    for folder in stale_folders(steps, version):
         shutil.rmtree(folder)
     out.print(f"pruned {usage.stale_entries:,} entries, {_mib(usage.stale_bytes)}")
     return 0

@@ -41,8 +41,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from evolve.datasets.benches import BENCHES
+from evolve.benches.registry import names
 from evolve.datasets.types import DataError
+from evolve.environment import folder
 from evolve.models import DAMAGE_LOG, cores
 from evolve.models.llm import ModelConfig
 
@@ -212,16 +213,16 @@ def report_damage() -> None:
 
 def default_cache_dir() -> Path:
     base = (
-        os.environ.get("EVOLVE_CACHE")
+        folder("CACHE")
         or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prismem"
     )
     return Path(base)
 
 
 def data_dir(arg: str | None) -> Path:
-    value = arg or os.environ.get("EVOLVE_DATA")
+    value = arg or folder("DATA")
     if not value:
-        raise UsageError("no data directory: pass --data-dir DIR or set EVOLVE_DATA")
+        raise UsageError("no data directory: pass --data-dir DIR or set PRISMEM_DATA")
     path = Path(value).expanduser()
     if not path.is_dir():
         raise DataError(f"data directory {path} does not exist")
@@ -229,14 +230,14 @@ def data_dir(arg: str | None) -> Path:
 
 
 def add_runs_dir(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--runs-dir``: where run folders are (default ``programs/`` or ``$EVOLVE_RUNS``)."""
-    default = Path(os.environ.get("EVOLVE_RUNS", "programs"))
+    """``--runs-dir``: where run folders are (default ``programs/`` or ``$PRISMEM_RUNS``)."""
+    default = Path(folder("RUNS") or "programs")
     parser.add_argument("--runs-dir", type=Path, default=default, help=help)
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by the commands that evaluate programs on a benchmark."""
-    parser.add_argument("--bench", default="beam", choices=list(BENCHES), help="benchmark")
+    parser.add_argument("--bench", default="beam", choices=list(names()), help="benchmark")
     parser.add_argument(
         "--judge",
         default=None,
@@ -261,7 +262,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="reply limit of the task model per call (default 1024)",
     )
-    parser.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    parser.add_argument("--data-dir", help="benchmark data root (default: $PRISMEM_DATA)")
     parser.add_argument(
         "--jobs",
         type=jobs_count,
@@ -292,12 +293,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Ray cluster to join (e.g. auto or ray://head:10001); default: a local instance",
     )
-    add_runs_dir(parser, "where run folders go (default programs/ or $EVOLVE_RUNS)")
+    add_runs_dir(parser, "where run folders go (default programs/ or $PRISMEM_RUNS)")
     parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
-        help="stage, embedding and LLM caches (default ~/.cache/prismem or $EVOLVE_CACHE)",
+        help="step, embedding and LLM caches (default ~/.cache/prismem or $PRISMEM_CACHE)",
     )
     parser.add_argument(
         "--embedder",

@@ -32,10 +32,12 @@ from evolve.cli.common import ProgressBar, UsageError, err, jobs_count, out, wat
 from evolve.cli.eval import ceiling_line
 from evolve.cli.inspect import CANDIDATE_HELP, command, emit, name, open_run, resolve, run_command
 from evolve.datasets.types import CAPABILITY_NAMES
+from evolve.evaluation.identity import read_scored_as
 from evolve.evolution import export
 from evolve.evolution.archive import fitness
 from evolve.evolution.summary import transfer, transfer_lines
 from evolve.scoring import fmt_score
+from evolve.scoring.ceiling import KEY as CEILING_KEY
 
 
 def add_commands(sub: Any) -> None:
@@ -91,26 +93,24 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     test = result.test
     moved = transfer(store.candidates(), of=result.meta)
     if emit(args, {"candidate": ref, "scored": result.scored, "other_frozen": result.others,
-                    "test_fitness": fitness(test["overall"]), "test": test,
-                    "transfer": moved}):  # fmt: skip
+                    "test_fitness": fitness(test.row(None)), "test": test.model_dump(),
+                    "transfer": moved and moved.as_json()}):  # fmt: skip
         return 0
     for line in transfer_lines(moved):
         out.print(line, markup=False, highlight=False)
     table = Table(title=f"test scores of {ref} (frozen)")
     for column in ("capability", "n", "fitness", "similarity", "hit rate"):
         table.add_column(column, justify="left" if column == "capability" else "right")
-    rows = [
-        (f"{cap} {CAPABILITY_NAMES[cap]}", block) for cap, block in test["by_capability"].items()
-    ]
-    for label, block in [*rows, ("[bold]overall", test["overall"])]:
-        table.add_row(label, str(block.get("n", "")), fmt_score(fitness(block)),
-                      fmt_score(block.get("evidence_similarity")),
-                      fmt_score(block.get("evidence_hit_rate")))  # fmt: skip
+    rows = [(f"{cap} {CAPABILITY_NAMES[cap]}", row) for cap, row in test.by_capability.items()]
+    for label, row in [*rows, ("[bold]overall", test.overall)]:
+        table.add_row(label, str(row.n), fmt_score(fitness(row)),
+                      fmt_score(row.metric("evidence_similarity")),
+                      fmt_score(row.metric("evidence_hit_rate")))  # fmt: skip
     out.print(table)
-    if "ceiling" in test["overall"]:
-        out.print(ceiling_line(test["overall"]))
-    if test["errors"]:
-        out.print(f"[red]{test['errors']} test questions failed[/]")
+    if test.overall.has(CEILING_KEY):
+        out.print(ceiling_line(test.overall))
+    if test.errors:
+        out.print(f"[red]{test.errors} test questions failed[/]")
     return 0
 
 
@@ -122,7 +122,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             highlight=False,
         )
     text = export.export(store, meta.id, args.out, force=args.force)
-    scored = export.read_scored_as(text)  # how its scores were made (the header's record)
+    scored = read_scored_as(text)  # how its scores were made (the header's record)
     report = {
         "candidate": name(store, meta),
         "out": str(args.out),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from evolve.benches.registry import bench, fetchable
 from evolve.cli.common import (
     ProgressBar,
     UsageError,
@@ -38,14 +38,18 @@ from evolve.cli.common import (
     split_name,
     task_config,
 )
-from evolve.datasets.benches import load_taskset
 from evolve.datasets.types import CAPABILITY_NAMES, DataError, TaskSet
+from evolve.environment import folder
 from evolve.evaluation.distributed import make_backend
 from evolve.models.clients import role_client
 from evolve.scoring import fmt_score
 
 if TYPE_CHECKING:
+    from evolve.compare import ProgramRow
+    from evolve.evaluation.report import EvalReport, MetricRow
     from evolve.evaluation.setup import EvalSetup
+
+HEADLINE_WORDS = ("overall", "accuracy")  # a headline number whose name holds one is shown
 
 
 def add_eval(sub: Any) -> None:
@@ -126,8 +130,8 @@ def add_data(sub: Any) -> None:
     data = sub.add_parser("data", help="benchmark data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="download a benchmark release into the data dir")
-    fetch.add_argument("bench", choices=["beam"])
-    fetch.add_argument("--data-dir", help="benchmark data root (default: $EVOLVE_DATA)")
+    fetch.add_argument("bench", choices=list(fetchable()))
+    fetch.add_argument("--data-dir", help="benchmark data root (default: $PRISMEM_DATA)")
     fetch.add_argument("--sizes", default="100K,1M", help="comma-separated: 100K,500K,1M,10M")
 
 
@@ -139,32 +143,33 @@ def backend_of(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def judge_client(name: str | None, api_base: str | None, config: EvalSetup) -> Any:
+def judge_client(name: str | None, api_base: str | None, setup: EvalSetup) -> Any:
     """The LLM client of the judge role (None without a judge); calls logged and cached beside
-    the task model's, under the same limits (``config``)."""
+    the task model's, under the same limits (``setup``)."""
     judge = model_flag(name, api_base, max_tokens=256)
-    cache = Path(config.cache_dir)
+    cache = Path(setup.cache_dir)
     return role_client("judge", judge, log_path=cache / "llm-calls.sqlite",
-                       cache_path=cache / "llm-cache.sqlite", concurrency=config.llm_concurrency,
-                       timeout=config.llm_timeout)  # fmt: skip
+                       cache_path=cache / "llm-cache.sqlite", concurrency=setup.llm_concurrency,
+                       timeout=setup.llm_timeout)  # fmt: skip
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from evolve.evaluation.executor import OFFLINE_MODE, EvalError, run_eval, write_run
+    from evolve.evaluation.executor import EvalError, run_eval, write_run
+    from evolve.evaluation.identity import OFFLINE_MODE
     from evolve.evaluation.setup import EvalSetup, reset_endpoint
     from evolve.trace import first_error
 
     read_program(args.program)
     root = data_dir(args.data_dir)
     try:
-        tasks = load_taskset(args.bench, root, args.split)
+        tasks = bench(args.bench).load_taskset(root, args.split)
     except DataError as exc:
         if "evolve data fetch beam" not in str(exc) or not _confirm_fetch(exc):
             raise
         from evolve.datasets.fetch import fetch_beam
 
         fetch_beam(root, ["100K", "1M"])
-        tasks = load_taskset(args.bench, root, args.split)
+        tasks = bench(args.bench).load_taskset(root, args.split)
     tasks = sliced(tasks, args.conversations)
     args.jobs = min(args.jobs, max(1, len(tasks.conversations)))  # a worker per conversation
     task_model = task_config(args)
@@ -176,10 +181,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.embedder == "hashing":
         err.print("[bold red]embedder 'hashing' is a test double: scores are not meaningful[/]")
     cache = args.cache_dir or default_cache_dir()
-    config = EvalSetup(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
-                          **llm_flags(args))  # fmt: skip
-    reset_endpoint(config)  # a breaker an earlier command tripped: the endpoint may be back
-    judge = judge_client(args.judge, args.api_base, config)
+    setup = EvalSetup(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
+                      **llm_flags(args))  # fmt: skip
+    reset_endpoint(setup)  # a breaker an earlier command tripped: the endpoint may be back
+    judge = judge_client(args.judge, args.api_base, setup)
     if judge is not None and task_model is None:
         err.print("[yellow]--judge has nothing to score without a task model (--model)[/]")
     elif judge is None and task_model is not None:
@@ -191,7 +196,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             report = run_eval(
                 args.program,
                 tasks,
-                config,
+                setup,
                 jobs=args.jobs,
                 on_progress=advance,
                 hit_threshold=args.hit_threshold,
@@ -201,15 +206,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
         except EvalError as exc:
             raise UsageError(str(exc)) from None
-    run_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{report.meta['program_hash'][:8]}"
-    report.meta["traces"] = str(args.runs_dir / run_id / "questions.jsonl")
+    run_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{report.meta.program_hash[:8]}"
+    traces = str(args.runs_dir / run_id / "questions.jsonl")
+    report.meta = report.meta.model_copy(update={"traces": traces})
     write_run(report, args.runs_dir / run_id)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:
-        _print_report(report.as_json())
-    failed = report.meta["errors"]
-    if failed and failed == report.meta["questions"]:
+        _print_report(report)
+    failed = report.meta.errors
+    if failed and failed == report.meta.questions:
         first = first_error(report.traces)
         err.print(f"[red]error:[/] every question failed; first: {escape(first)}", highlight=False)
         return 1
@@ -226,60 +232,62 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError("nothing to compare: name program files (no shipped seed was found)")
     for path in paths:
         read_program(path)
-    tasks = load_taskset(args.bench, data_dir(args.data_dir), args.split)
+    tasks = bench(args.bench).load_taskset(data_dir(args.data_dir), args.split)
     tasks = sliced(tasks, args.conversations)
     task_model = task_config(args)
     cache = args.cache_dir or default_cache_dir()
-    config = EvalSetup(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
-                          **llm_flags(args))  # fmt: skip
-    reset_endpoint(config)  # a breaker an earlier command tripped: the endpoint may be back
+    setup = EvalSetup(cache_dir=str(cache), task_model=task_model, embedder=args.embedder,
+                      **llm_flags(args))  # fmt: skip
+    reset_endpoint(setup)  # a breaker an earlier command tripped: the endpoint may be back
     if task_model is None:
         err.print("[bold yellow]no task model configured — offline: retrieval-only[/]")
     total = len(tasks.questions) * len(paths)
     with ProgressBar(total, not args.no_progress, "comparing") as advance:
         try:
-            judge = judge_client(args.judge, args.api_base, config)
-            rows = compare_programs(paths, tasks, config, on_progress=advance, judge=judge,
+            judge = judge_client(args.judge, args.api_base, setup)
+            rows = compare_programs(paths, tasks, setup, on_progress=advance, judge=judge,
                                     backend=backend_of(args),
                                     judge_variant=args.judge_variant)  # fmt: skip
         except EvalError as exc:
             raise UsageError(str(exc)) from None
     if args.json:
-        print(json.dumps({"bench": tasks.bench, "split": tasks.split, "programs": rows}, indent=2))
+        programs = [r.as_json() for r in rows]
+        print(json.dumps({"bench": tasks.bench, "split": tasks.split, "programs": programs},
+                         indent=2))  # fmt: skip
         return _say_failures(rows, len(tasks.questions))
-    caps = [c for c in CAPABILITY_NAMES if any(c in r["by_capability"] for r in rows)]
-    mode = rows[0]["fitness_mode"] if rows else {"name": "retrieval", "definition": ""}
+    caps = [c for c in CAPABILITY_NAMES if any(c in r.by_capability for r in rows)]
+    mode = rows[0].fitness_mode if rows else None
+    name, definition = (mode.name, mode.definition) if mode else ("retrieval", "")
     table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
-                  f"{mode['name']} = {mode['definition']} · tokens ≈ characters / "
-                  f"{CHARS_PER_TOKEN}")  # fmt: skip
-    failures = any(r["errors"] for r in rows)
+                  f"{name} = {definition} · tokens ≈ characters / {CHARS_PER_TOKEN}")  # fmt: skip
+    failures = any(r.errors for r in rows)
     for column in ("program", "fitness", *caps, "retrieval fitness", "ceiling", "similarity",
                    "hit rate", "ctx chars", "ctx tokens", "retrieve p50 ms", "p95 ms",
                    *(["failed"] if failures else [])):  # fmt: skip
         table.add_column(column, justify="left" if column == "program" else "right")
     for r in rows:
         table.add_row(
-            Path(r["program"]).stem, fmt_score(r["fitness"]),
-            *(fmt_score(r["by_capability"].get(c)) for c in caps),
-            fmt_score(r["retrieval_fitness"]), fmt_score(r["ceiling"]),
-            fmt_score(r["evidence_similarity"]), fmt_score(r["evidence_hit_rate"]),
-            _num(r["context_chars"]), _num(r["context_tokens"]),
-            _num(r["retrieve_ms_p50"], 1), _num(r["retrieve_ms_p95"], 1),
-            *([f"[red]{r['errors']}[/]" if r["errors"] else "0"] if failures else []),
+            Path(r.program).stem, fmt_score(r.fitness),
+            *(fmt_score(r.by_capability.get(c)) for c in caps),
+            fmt_score(r.retrieval_fitness), fmt_score(r.ceiling),
+            fmt_score(r.evidence_similarity), fmt_score(r.evidence_hit_rate),
+            _num(r.context_chars), _num(r.context_tokens),
+            _num(r.retrieve_ms_p50, 1), _num(r.retrieve_ms_p95, 1),
+            *([f"[red]{r.errors}[/]" if r.errors else "0"] if failures else []),
         )  # fmt: skip
     out.print(table)
     return _say_failures(rows, len(tasks.questions))
 
 
-def _say_failures(rows: list[dict[str, Any]], questions: int) -> int:
+def _say_failures(rows: list[ProgramRow], questions: int) -> int:
     """One line per program that failed questions (they count as 0 in its figures); exit
     status 1 when a program failed every question, else 0."""
     for r in rows:
-        if r["errors"]:
-            err.print(f"[red]{Path(r['program']).name}: {r['errors']} of {questions} questions "
+        if r.errors:
+            err.print(f"[red]{Path(r.program).name}: {r.errors} of {questions} questions "
                       "failed[/] (each counts as 0 in its figures); first: "
-                      f"{escape(r['first_error'] or '')}", highlight=False)  # fmt: skip
-    return 1 if any(r["errors"] and r["errors"] == questions for r in rows) else 0
+                      f"{escape(r.first_error or '')}", highlight=False)  # fmt: skip
+    return 1 if any(r.errors and r.errors == questions for r in rows) else 0
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -311,13 +319,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from evolve.datasets.fetch import fetch_beam
-
-    root = Path(args.data_dir or os.environ.get("EVOLVE_DATA") or "")
+    fetch = bench(args.bench).fetch
+    if fetch is None:
+        raise UsageError(f"{args.bench} has no release to fetch")
+    root = Path(args.data_dir or folder("DATA") or "")
     if not str(root) or str(root) == ".":
-        raise UsageError("no data directory: pass --data-dir DIR or set EVOLVE_DATA")
+        raise UsageError("no data directory: pass --data-dir DIR or set PRISMEM_DATA")
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    fetch_beam(root, sizes)
+    fetch(root, sizes)
     err.print(f"BEAM {', '.join(sizes)} written under {root / 'beam'}")
     return 0
 
@@ -330,14 +339,14 @@ def _confirm_fetch(exc: DataError) -> bool:
     return input("Download BEAM 100K and 1M now? [y/N] ").strip().lower() in ("y", "yes")
 
 
-def _score_table(title: str, label: str, rows: dict[str, Any], metrics: list[str]) -> Table:
+def _score_table(title: str, label: str, rows: dict[str, MetricRow], metrics: list[str]) -> Table:
     table = Table(title=title)
     table.add_column(label)
     table.add_column("n", justify="right")
     for m in metrics:
         table.add_column(m.replace("_", " "), justify="right")
     for name, row in rows.items():
-        table.add_row(name, str(row["n"]), *(fmt_score(row.get(m)) for m in metrics))
+        table.add_row(name, str(row.n), *(fmt_score(row.metric(m)) for m in metrics))
     return table
 
 
@@ -347,47 +356,49 @@ def _headline(block: dict[str, Any], prefix: str = "") -> list[str]:
     for key, value in block.items():
         if isinstance(value, dict):
             lines += _headline(value, f"{prefix}{key} ")
-        elif isinstance(value, float) and ("overall" in key or "accuracy" in key):
+        elif isinstance(value, float) and any(word in key for word in HEADLINE_WORDS):
             lines.append(f"{prefix}{key.replace('_', ' ')}: {fmt_score(value)}")
     return lines
 
 
-def ceiling_line(overall: dict[str, Any]) -> str:
+def ceiling_line(overall: MetricRow) -> str:
     """``coverage 0.71 of a possible 0.93``: the evidence coverage beside its ceiling."""
-    covered, top = fmt_score(overall.get("evidence_coverage")), fmt_score(overall.get("ceiling"))
+    covered, top = fmt_score(overall.metric("evidence_coverage")), fmt_score(overall.ceiling)
     return f"coverage {covered} of a possible {top} (the gold evidence packed into the budget)"
 
 
-def _print_report(report: dict[str, Any]) -> None:
-    meta, scores = report["meta"], report["scores"]
-    out.print(f"[bold]{meta['mode']}[/] · {meta['bench']} {meta['split']} · "
-              f"{meta['questions']} questions in {meta['conversations']} conversations · "
-              f"program {meta['program']} ({meta['program_hash'][:8]})")  # fmt: skip
-    metrics = meta["metrics"]
-    by_cap = {f"{c} {CAPABILITY_NAMES[c]}": row for c, row in scores["by_capability"].items()}
-    by_cap["[bold]overall"] = scores["overall"]
-    threshold = f"hit threshold {meta['hit_threshold']}"
+def _print_report(report: EvalReport) -> None:
+    from evolve.evaluation.identity import OFFLINE_MODE
+    from evolve.evaluation.report import FitnessMode
+
+    meta, scores = report.meta, report.scores
+    out.print(f"[bold]{meta.mode}[/] · {meta.bench} {meta.split} · "
+              f"{meta.questions} questions in {meta.conversations} conversations · "
+              f"program {meta.program} ({meta.program_hash[:8]})")  # fmt: skip
+    metrics = meta.metrics
+    by_cap = {f"{c} {CAPABILITY_NAMES[c]}": row for c, row in scores.by_capability.items()}
+    by_cap["[bold]overall"] = scores.overall
+    threshold = f"hit threshold {meta.hit_threshold}"
     out.print(_score_table(f"scores by capability ({threshold})", "capability", by_cap, metrics))
-    out.print(_score_table(f"scores by {meta['bench']} type", "type", scores["by_type"], metrics))
-    for line in _headline(scores.get("headline") or {}):
+    out.print(_score_table(f"scores by {meta.bench} type", "type", scores.by_type, metrics))
+    for line in _headline(scores.headline or {}):
         out.print(line)
-    if meta["mode"] != "offline: retrieval-only":
-        out.print(f"judge: {meta['judge']['judge'] or 'none'} — {meta['judge']['note']}")
-    fit = meta.get("fitness") or {}
-    out.print(f"fitness {fit.get('name')} v{fit.get('version')} ({fit.get('coverage')}): "
-              f"{fit.get('definition')}")  # fmt: skip
-    out.print(ceiling_line(scores["overall"]))
-    stages = ", ".join(f"{s} {c['computed']}/{c['reused']}"
-                       + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
-                       for s, c in report["stages"].items())  # fmt: skip
-    out.print(f"steps (computed/reused): {stages}")
-    for conv, why in (meta.get("unstored_memory") or {}).items():
+    if meta.mode != OFFLINE_MODE:
+        out.print(f"judge: {meta.judge.judge or 'none'} — {meta.judge.note}")
+    fit = meta.fitness or FitnessMode()
+    out.print(f"fitness {fit.name} v{fit.version} ({fit.coverage}): {fit.definition}")
+    out.print(ceiling_line(scores.overall))
+    steps = ", ".join(f"{s} {c['computed']}/{c['reused']}"
+                      + (f" ({c['invalid']} bad entries recomputed)" if c.get("invalid") else "")
+                      for s, c in report.steps.items())  # fmt: skip
+    out.print(f"steps (computed/reused): {steps}")
+    for conv, why in meta.unstored_memory.items():
         out.print(f"[yellow]memory of {escape(conv)} not stored, rebuilt every evaluation:[/] "
                   f"{escape(why)}")  # fmt: skip
-    if split := meta.get("time"):
+    if split := meta.time:
         out.print(f"time (s, summed over conversations): model wait {split['model_wait']:.1f}, "
                   f"sandbox {split['sandbox']:.1f}, local {split['local']:.1f}; "
                   f"judging {split['judging']:.1f}")  # fmt: skip
-    if meta["errors"]:
-        out.print(f"[red]{meta['errors']} questions failed[/] — see {meta.get('traces')}")
-    out.print(f"traces: {meta.get('traces')}")
+    if meta.errors:
+        out.print(f"[red]{meta.errors} questions failed[/] — see {meta.traces}")
+    out.print(f"traces: {meta.traces}")

@@ -61,7 +61,7 @@ def command(sub: Any, name: str, help: str, *, run: bool = False) -> argparse.Ar
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=help + (f". CANDIDATE is {CANDIDATE_HELP}" if run else "")
     )
-    add_runs_dir(parser, "where run folders are (default programs/ or $EVOLVE_RUNS)")
+    add_runs_dir(parser, "where run folders are (default programs/ or $PRISMEM_RUNS)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     if run:
         parser.add_argument("--run", help="the run a bare candidate ID is looked up in")
@@ -178,67 +178,61 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     evaluation = summary.evaluation(args.runs_dir / args.run) if args.run else None
     if evaluation is not None:
-        if not emit(args, evaluation):
+        if not emit(args, evaluation.as_json()):
             out.print(summary.describe_evaluation(evaluation), markup=False, highlight=False)
         return 0
     store = open_run(args.runs_dir, args.run)
     status = summary.status(store)
-    if emit(args, status):
+    if emit(args, status.as_json()):
         return 0
-    cfg, rounds = status["config"], status["rounds"]
+    cfg, rounds = status.config, status.rounds
     out.print(
-        f"[bold]run {store.run_id}[/] · created {status['created_local']} · seed "
+        f"[bold]run {store.run_id}[/] · created {status.created_local} · seed "
         f"{escape(Path(cfg.get('seed_program', '?')).name)} · embedder {cfg.get('embedder')} · "
         f"conversations {cfg.get('conversations') or 'all'}"
     )
     progress = ", ".join(f"{s} {r['done']}/{r['planned']}" for s, r in rounds.items())
-    where = status["stage"]
+    where = status.stage
     if where in rounds:
-        where = f"next: {where} round {status['round']} of {rounds[where]['planned']}"
+        where = f"next: {where} round {status.round} of {rounds[where]['planned']}"
     out.print(f"rounds: {progress} — {where}", highlight=False)
-    if status["stopped"]:
-        out.print(f"[bold yellow]stopped:[/] {escape(status['stopped'])}", highlight=False)
-    mode = status["fitness"]
-    out.print(f"fitness: {mode['name']} (version {mode['version'] or 'unrecorded'}, "
-              f"{mode.get('coverage') or 'coverage unrecorded'})")  # fmt: skip
-    best = status["best"]
-    if best:
+    if status.stopped:
+        out.print(f"[bold yellow]stopped:[/] {escape(status.stopped)}", highlight=False)
+    mode = status.fitness
+    out.print(f"fitness: {mode.name} (version {mode.version or 'unrecorded'}, "
+              f"{mode.coverage or 'coverage unrecorded'})")  # fmt: skip
+    if status.best:
+        best = status.best_figures
         out.print(
-            f"best overall: {best['id']} valid fitness {fmt_score(best['fitness'])} (retrieval "
-            f"fitness {fmt_score(best['retrieval_fitness'])} of a possible "
-            f"{fmt_score(best['ceiling'])}, similarity "
-            f"{fmt_score(best['similarity'])}, hit rate {fmt_score(best['hit_rate'])})"
+            f"best overall: {status.best} valid fitness {fmt_score(best.fitness)} (retrieval "
+            f"fitness {fmt_score(best.retrieval_fitness)} of a possible "
+            f"{fmt_score(best.ceiling)}, similarity "
+            f"{fmt_score(best.similarity)}, hit rate {fmt_score(best.hit_rate)})"
         )
-    for line in summary.transfer_lines(status["transfer"]):
+    for line in summary.transfer_lines(status.transfer):
         out.print(line, markup=False, highlight=False)
-    if status.get("diagnostics"):
+    if status.diagnostics:
         diag = Table(title="step diagnostics of the best program (train)")
         keys = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
         diag.add_column("capability")
         for k in keys:
             diag.add_column(k.replace("_", " "), justify="right")
-        for group, row in status["diagnostics"].items():
+        for group, row in status.diagnostics.items():
             diag.add_row(group, *(fmt_score(row.get(k)) for k in keys))
         out.print(diag)
     table = Table(title="specialists (best valid fitness on each capability)")
     for column in ("capability", "candidate", "valid fitness"):
         table.add_column(column)
-    for cap, s in status["specialists"].items():
+    for cap, s in status.specialists.items():
         table.add_row(f"{cap} {s['name']}", s["id"], fmt_score(s["valid_fitness"]))
     out.print(table)
-    counts = ", ".join(f"{n} {s}" for s, n in status["by_status"].items() if n)
-    out.print(f"candidates: {status['candidates']} ({counts or 'none'})")
-    if status["by_status"].get("stopped"):
-        out.print(f"cascade: about {status['cascade_saved_seconds']:.0f} s of evaluation saved")
-    _print_spend(status["spend"])
-    frozen = status["frozen"]
-    out.print(
-        "frozen: "
-        + (
-            ", ".join(f"{f['id']} (test fitness {fmt_score(f['test']['fitness'])})" for f in frozen)
-            or "none"
-        )
-    )
+    counts = ", ".join(f"{n} {s}" for s, n in status.by_status.items() if n)
+    out.print(f"candidates: {status.candidates} ({counts or 'none'})")
+    if status.by_status.get("stopped"):
+        out.print(f"cascade: about {status.cascade_saved_seconds:.0f} s of evaluation saved")
+    _print_spend(status.spend)
+    frozen = [f"{c} (test fitness {fmt_score(test.fitness)})" for c, test in status.frozen]
+    out.print("frozen: " + (", ".join(frozen) or "none"))
     return 0
 
 
@@ -266,20 +260,21 @@ def cmd_programs(args: argparse.Namespace) -> int:
     candidates = store.candidates()
     rows = [summary.candidate(c) for c in candidates]
     transfer = summary.transfer(candidates)
-    if emit(args, {"run": store.run_id, "candidates": rows, "transfer": transfer}):
+    if emit(args, {"run": store.run_id, "candidates": [r.as_json() for r in rows],
+                   "transfer": transfer and transfer.as_json()}):  # fmt: skip
         return 0
-    held = transfer["held_back"] if transfer else {}
+    held = transfer.held_back if transfer else {}
     cells = [
-        [r["id"] + (" *" if r["frozen"] else "") + (" !" if r["id"] in held else ""), r["stage"],
-         r["capability"] or "", r["status"],
-         ", ".join(p.split("-")[0] for p in r["parents"]), fmt_score(r["valid_fitness"]),
-         *(fmt_score(r["by_capability"].get(cap)) for cap in CAPABILITIES),
-         r["message"][:MESSAGE_WIDTH]]
+        [r.id + (" *" if r.frozen else "") + (" !" if r.id in held else ""), r.stage,
+         r.capability or "", r.status,
+         ", ".join(p.split("-")[0] for p in r.parents), fmt_score(r.valid_fitness),
+         *(fmt_score(r.by_capability.get(cap)) for cap in CAPABILITIES),
+         r.message[:MESSAGE_WIDTH]]
         for r in rows
     ]  # fmt: skip
     headers = ["id", "stage", "cap", "status", "parents", "valid", *CAPABILITIES]
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
-    notes = ["* frozen"] if any(r["frozen"] for r in rows) else []
+    notes = ["* frozen"] if any(r.frozen for r in rows) else []
     notes += ["! won valid, held back by a guard (below)"] if held else []
     if sum(widths) + len(widths) + 20 > out.width:  # too narrow: keep the message readable
         headers, widths = headers[:6], widths[:6]
@@ -321,8 +316,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     scores = "; ".join(
-        f"{split} {fmt_score(fitness(block.get('overall')))}"
-        for split, block in meta.scores.items()
+        f"{split} {fmt_score(fitness(block.row(None)))}" for split, block in meta.scores.items()
     )
     for field, value in (
         ("stage", meta.stage),
@@ -372,7 +366,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         args,
         {
             "candidate": name(store, meta),
-            "ancestors": [summary.candidate(m) for m in nodes.values()],
+            "ancestors": [summary.candidate(m).as_json() for m in nodes.values()],
         },
     ):
         return 0

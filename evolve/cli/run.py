@@ -2,7 +2,8 @@
 
 Parsing and output only; the flags become the run's configuration in
 :mod:`evolve.cli.runconfig` (with the checks before a run folder is created); the loop is
-:mod:`evolve.evolution.loop`, the manifest :mod:`evolve.evolution.manifest`, the estimate and
+:mod:`evolve.evolution.loop`, what a run is assembled from (its data, guards and workload)
+:mod:`evolve.evolution.wiring`, the manifest :mod:`evolve.evolution.manifest`, the estimate and
 caps :mod:`evolve.evolution.budget`. The config is :class:`evolve.config.RunConfig`; on
 ``--resume`` the stored one is validated first (:func:`evolve.config.stored_config`), so a
 damaged or incompatible run is one error line.
@@ -23,6 +24,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from evolve.benches.registry import ENTRIES, bench
 from evolve.cli.common import (
     ProgressBar,
     UsageError,
@@ -41,13 +43,10 @@ from evolve.cli.common import (
 from evolve.cli.runconfig import check_seed, check_tasks, open_run, run_config
 from evolve.config import (
     CHILDREN,
-    DEFAULT_CONVERSATIONS,
     MINIBATCH,
     SPLITS,
     RunConfig,
 )
-from evolve.datasets.benches import run_split
-from evolve.datasets.guards import DEFAULT_GUARDS
 from evolve.evolution.archive import MARGIN
 from evolve.evolution.budget import estimate, read_spend
 from evolve.evolution.constants import rebuild_names
@@ -106,7 +105,8 @@ def add_command(sub: Any) -> None:
         type=conversation_count,
         default=None,
         help="read only the first N conversations of train and valid, or 'all' (default: "
-        f"{', '.join(f'{n} on {b}' for b, n in DEFAULT_CONVERSATIONS.items())}, all elsewhere)",
+        f"{', '.join(f'{b.conversations} on {b.name}' for b in ENTRIES if b.conversations)}, "
+        "all elsewhere)",
     )
     run.add_argument(
         "--no-reuse",
@@ -153,7 +153,7 @@ def add_command(sub: Any) -> None:
         help="a guard set (repeatable): data the run never tunes on, where a new best or "
         "specialist must not be worse than the program it replaces (paired bootstrap, margin "
         f"{MARGIN * 100:g} pp); @N: its first N conversations; 'none': no guards (default: "
-        + "; ".join(f"{', '.join(g)} on {b}" for b, g in DEFAULT_GUARDS.items())
+        + "; ".join(f"{', '.join(b.guards)} on {b.name}" for b in ENTRIES if b.guards)
         + ", none elsewhere)",
     )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
@@ -314,7 +314,7 @@ def _say_cascade(store: RunStore) -> None:
 
 def _say_splits(config: RunConfig) -> None:
     """One line when the bench's train or valid split is not the one of that name."""
-    names = {s: run_split(config.bench, Path(config.data_dir), s) for s in SPLITS}
+    names = {s: bench(config.bench).run_split(Path(config.data_dir), s) for s in SPLITS}
     if any(name != split for split, name in names.items()):
         chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
         err.print(f"[yellow]{config.bench}: {chosen}[/] (the data holds no full train and valid "
@@ -364,7 +364,7 @@ def _rebuild_lost_log(store: RunStore, config: RunConfig) -> float | None:
 
 
 def _dry_run(config: RunConfig) -> int:
-    from evolve.evolution.loop import guard_sets, workload
+    from evolve.evolution.wiring import guard_sets, workload
 
     work = workload(config)
     for key, tasks in guard_sets(config):

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
+from evolve.benches import registry
+from evolve.benches.guards import parse_guard
 from evolve.cli.common import (
     MAX_ROUNDS,
     UsageError,
@@ -33,9 +35,7 @@ from evolve.cli.common import (
     read_program,
     task_config,
 )
-from evolve.config import DEFAULT_CONVERSATIONS, SPLITS, RunConfig, stored_config
-from evolve.datasets.benches import split_files
-from evolve.datasets.guards import DEFAULT_GUARDS, parse_guard
+from evolve.config import SPLITS, RunConfig, stored_config
 from evolve.datasets.types import DataError
 from evolve.evolution.store import RunNotFound, RunStore
 from evolve.resources import seed_file
@@ -115,14 +115,14 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 def guards(given: list[str] | None, bench: str, root: Path) -> tuple[str, ...]:
     """The run's guard specs: the flags' (``none``: no guards), else the bench's default
-    (:data:`~evolve.datasets.guards.DEFAULT_GUARDS`) less those whose data ``root`` lacks, each
+    (``Bench.guards``, :mod:`evolve.benches.registry`) less those whose data ``root`` lacks, each
     left out in one warning line; a spec that does not parse is one error line."""
     if given is None:
         kept = []
-        for spec in DEFAULT_GUARDS.get(bench, ()):
+        for spec in registry.bench(bench).guards:
             guard = parse_guard(spec)
             try:
-                split_files(guard.bench, root, guard.split, guard.conversations)
+                registry.bench(guard.bench).split_files(root, guard.split, guard.conversations)
             except DataError as exc:
                 err.print(f"[yellow]default guard {spec} left out:[/] {escape(str(exc))} "
                           "(--guard chooses guards, --guard none turns them off)",
@@ -145,9 +145,10 @@ def guards(given: list[str] | None, bench: str, root: Path) -> tuple[str, ...]:
 
 def conversations_slice(given: int | str | None, bench: str) -> int | None:
     """The run's ``conversations``: the flag's count, None for ``all``, else the bench's default
-    (:data:`~evolve.config.DEFAULT_CONVERSATIONS`), said in one line."""
-    if given is None and bench in DEFAULT_CONVERSATIONS:
-        given = DEFAULT_CONVERSATIONS[bench]
+    (``Bench.conversations``, :mod:`evolve.benches.registry`), said in one line."""
+    default = registry.bench(bench).conversations
+    if given is None and default is not None:
+        given = default
         err.print(
             f"{bench}: train and valid read their first {given} conversations (the default; "
             "--conversations all reads the full splits)",
@@ -163,8 +164,7 @@ def check_seed(seed: str) -> CheckReport:
 
     err.print(f"checking seed {Path(seed).name} in the sandbox")  # progress from the first second
     report = check_program(read_program(Path(seed), "seed program"), seed)
-    if not report.passed:
-        raise UsageError(f"seed program {seed}: {report.repair_text()}")
+    report.require(lambda why: UsageError(f"seed program {seed}: {why}"))
     return report
 
 
@@ -173,7 +173,7 @@ def check_tasks(config: RunConfig, given: int | str | None) -> None:
     ``--conversations`` count (``given``) above what train or valid holds, and guards that do
     not load, are empty or share a conversation with train or valid."""
     from evolve.evaluation.executor import EvalError, check_evaluable
-    from evolve.evolution.loop import guard_sets, task_set
+    from evolve.evolution.wiring import guard_sets, task_set
 
     try:
         for split in SPLITS:

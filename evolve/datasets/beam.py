@@ -408,6 +408,11 @@ def split_files(data_dir: Path, split: str, conversations: int | None = None) ->
     return data_files(data_dir, _refs(data_dir, split)[:conversations])
 
 
+def run_split(data_dir: Path, role: str) -> str:
+    """The split a run's ``role`` (train, valid, test) reads: the split of that name."""
+    return role
+
+
 def _refs(data_dir: Path, split: str, splits_file: Path | None = None) -> list[tuple[str, str]]:
     """The (size, conv) pairs of a split, each checked to have a chat file on disk."""
     if split == "all" or split.startswith("all:"):

@@ -438,6 +438,11 @@ def split_files(data_dir: Path, split: str, conversations: int | None = None) ->
     return [data_file(data_dir, _variant(split, _rule_of(split, None)))]
 
 
+def run_split(data_dir: Path, role: str) -> str:
+    """The split a run's ``role`` (train, valid, test) reads: the split of that name."""
+    return role
+
+
 def _select(data_dir: Path, split: str, splits_file: Path | None) -> _Selection:
     rule = _rule_of(split, splits_file)
     variant = _variant(split, rule)

@@ -3,7 +3,7 @@
 Owns ``splits/beam.json``. BEAM (docs/design.md §6): the BEAM-100K conversations found on disk, in
 numeric order, are shuffled with ``random.Random(seed)``; the first 8 are train, the next 6
 valid, the last 6 holdout. Test is every BEAM-1M conversation with a chat file in the data dir,
-guard (the default run's longer-history guard set, :mod:`evolve.datasets.guards`) every BEAM-500K
+guard (the default run's longer-history guard set, :mod:`evolve.benches.guards`) every BEAM-500K
 one.
 
 Invariants:
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from collections import Counter
@@ -28,6 +27,7 @@ from typing import Any
 
 from evolve.datasets import beam
 from evolve.datasets.types import CAPABILITIES, DataError
+from evolve.environment import folder
 
 BEAM_TRAIN, BEAM_VALID, BEAM_HOLDOUT = 8, 6, 6
 BEAM_GENERATOR = (
@@ -122,15 +122,15 @@ def verify_beam_splits(data_dir: Path, path: Path | None = None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build or check splits/beam.json.")
     parser.add_argument(
-        "--data-dir", type=Path, default=os.environ.get("EVOLVE_DATA"),
-        help="the folder holding beam/ (default: $EVOLVE_DATA)",
+        "--data-dir", type=Path, default=folder("DATA"),
+        help="the folder holding beam/ (default: $PRISMEM_DATA)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--check", action="store_true", help="verify instead of writing")
     args = parser.parse_args(argv)
     if args.data_dir is None:
-        print("error: no data directory: pass --data-dir or set EVOLVE_DATA", file=sys.stderr)
+        print("error: no data directory: pass --data-dir or set PRISMEM_DATA", file=sys.stderr)
         return 2
     args.data_dir = Path(args.data_dir)
     try:

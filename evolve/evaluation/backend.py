@@ -38,7 +38,7 @@ MAX_REPLY_TOKENS = 4096
 
 class BackendService:
     """Answers one host's ``backend`` frames (a callable for :class:`~sandbox.isolate.Host`);
-    ``calls`` counts the completions of the current host request (the session resets it)."""
+    ``calls`` counts the completions of the current host request (the pipeline resets it)."""
 
     def __init__(self, embedder: Embedder, llm: LLMClient | None, call_prefix: str, max_calls: int):
         self.embedder = embedder

@@ -4,17 +4,19 @@
 it holds the embedder, the task LLM and the step store. Evaluation is the
 :class:`~evolve.evaluation.pipeline.Pipeline` (the program in its confined host, the task model, the
 embedder: the same one a deployment runs) plus the step store plus scoring (done by the
-parent). For each step a :class:`ConversationSession` either loads the cached output (keys
+parent). For each step a :class:`ConversationRun` either loads the cached output (keys
 from :mod:`evolve.evaluation.stepcache`) or has the pipeline compute it and stores it
-(:meth:`ConversationSession._cached_json`, the one cached-step helper). The history is
-ingested on its own before the questions (:meth:`ConversationSession.ingest`), and
+(:meth:`ConversationRun._cached_json`, the one cached-step helper). The history is
+ingested on its own before the questions (:meth:`ConversationRun.ingest`), and
 only when needed: when every retrieval of a conversation is cached, no host is even started,
 and when the memory state is cached, its units are never extracted. The memory is built with
 the host's incremental operations: ``open``, then per session its units (extracted or reused)
-and one ``add``, then ``dump``; the adds share one deadline of the program's time,
-INDEX_SECONDS plus INDEX_SECONDS_PER_UNIT per unit (the optimizer's time answering the host's
-backend requests, embedding above all, is not the program's). A question whose stored
-retrieval proves bad, or a diagnostic lookup, builds the memory then if ingestion did not.
+and one ``add``, then ``dump``; the adds share one
+:class:`~evolve.evaluation.pipeline.IndexBudget` (the indexing deadline). A question whose
+stored retrieval proves bad, or a diagnostic lookup, builds the memory then if ingestion did
+not. Each step is the pipeline's own operation: this module decides only what is reused, what
+is computed and when (the planning record asked ahead of the question's turn, the extraction
+windows of every session at once).
 
 Invariants:
 - A cached output is used only if it has its step's shape
@@ -35,14 +37,17 @@ Invariants:
 - Offline mode (no task model) uses the stand-ins of :mod:`contract.program`: one unit per
   message, the question as the query, no answer (counted as ``skipped``).
 - Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; the trace says when.
-- Every step key carries :func:`pipeline_version` (prompt texts, extraction window,
-  truncation, library and embedding-model versions), so a changed pipeline reuses nothing.
+- Every step key carries :func:`~evolve.evaluation.identity.pipeline_version` (prompt texts,
+  extraction window, truncation, library and embedding-model versions), so a changed pipeline
+  reuses nothing.
+- The worker runs the :class:`~sandbox.check.CheckedProgram` the executor sent, whole: its
+  fingerprints key the steps and its imports start the host; nothing here parses the source.
 - ``reuse=False`` (``evolve run --no-reuse``): a conversation reads back only the step outputs
   it computed itself, and task LLM calls skip the response cache; the baseline that
   ``bench/run_reuse.py`` measures step reuse against.
 - Scoring is not done here: the parent scores what the worker returns.
 - Concurrency (design §2; :mod:`evolve.fanout`): the task-model calls run on up to
-  ``config.llm_concurrency`` threads per pool — all extraction windows of the sessions whose
+  ``setup.llm_concurrency`` threads per pool — all extraction windows of the sessions whose
   units are not stored at once (then units are made and indexed session by session, in order),
   and the questions' chains. Results, traces, counters and the step store equal a sequential
   run's: maps keep item order and raise the first failure in item order; every call into the
@@ -59,41 +64,28 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
-from contract.spec import COMPONENTS, CONTRACT_VERSION, OUT_CHAR_BUDGET
+from contract.spec import COMPONENTS
 from evolve.datasets.types import Conversation, Question, Segment
 from evolve.evaluation import prompts
 from evolve.evaluation.diagnostics import question_diagnostics
-from evolve.evaluation.pipeline import Pipeline, Records
+from evolve.evaluation.identity import pipeline_version
+from evolve.evaluation.pipeline import IndexBudget, Pipeline, Records
 from evolve.evaluation.setup import EvalSetup, make_embedder, make_llm
-from evolve.evaluation.stepcache import StepKeys, StepStore
+from evolve.evaluation.stepcache import program_steps
 from evolve.fanout import Turns, attempt, ordered_map
-from evolve.models.embed import EMBEDDING_LIBRARIES, Embedder, library_versions, precision
 from evolve.trace import QuestionTrace
-from sandbox.fingerprint import fingerprints
+from sandbox.check import CheckedProgram
 from sandbox.isolate import HostFailure, ProgramFailure
 
 T = TypeVar("T")
-INDEX_SECONDS = 120.0  # indexing a conversation: this much plus ...
-INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit, for all its adds together
-# What the pipeline contributes to step outputs beyond the program, folded into every step key by
-# pipeline_version(): bump PIPELINE_VERSION whenever a change here, in the pipeline, in the
-# host or in the offline stand-ins changes what a step outputs for the same program and data.
-PIPELINE_VERSION = "3"
-TRUNCATION = "prefix"  # retrieved text keeps its first OUT_CHAR_BUDGET characters
-# Installed distributions whose versions can change a step's output (numerics, tokenising,
-# the embedding model's weights and code).
-OUTPUT_LIBRARIES = ("prismem", "bm25s", "PyStemmer", *EMBEDDING_LIBRARIES)
 
 
 @dataclass
@@ -108,31 +100,21 @@ class ConversationResult:
     notes: dict[str, str] = field(default_factory=dict)  # index_unstored: why no state was stored
 
 
-class ConversationSession:
+class ConversationRun:
     """One conversation's evaluation: a :class:`~evolve.evaluation.pipeline.Pipeline` over the
-    program,
-    with the step store deciding per step between reuse and computation."""
+    program, with the step store deciding per step between reuse and computation."""
 
-    def __init__(self, source: str, path: str, config: EvalSetup, conv: Conversation) -> None:
-        self.config = config
+    def __init__(self, program: CheckedProgram, setup: EvalSetup, conv: Conversation) -> None:
+        self.setup = setup
         self.conv = conv
-        version = pipeline_version()
-        self.store = StepStore(Path(config.cache_dir) / "stages", version=version,
-                                reuse=config.reuse,
-                                on_invalid=lambda step: self.count(step, "invalid"))  # fmt: skip
-        self.keys = StepKeys(fingerprints(source), config.model_sig, config.embedder, version)
-        self.llm = make_llm(config)
-        self.embedder = make_embedder(config.embedder, config.cache_dir)
-        self.pipeline = Pipeline(
-            source,
-            path,
-            llm=self.llm,
-            embedder=self.embedder,
-            call_prefix=config.call_prefix,
-            max_complete_calls=config.max_complete_calls,
-            call_timeout=config.call_timeout,
-            llm_concurrency=config.llm_concurrency,
-        )
+        self.keys, self.store = program_steps(
+            setup, program.fingerprints, pipeline_version(), reuse=setup.reuse,
+            on_invalid=lambda step: self.count(step, "invalid"),
+        )  # fmt: skip
+        self.llm = make_llm(setup)
+        self.embedder = make_embedder(setup.embedder, setup.cache_dir)
+        self.pipeline = Pipeline.for_setup(program, setup, self.llm, self.embedder)
+        self.pipeline.on_window = lambda: self.notify("window")
         self.clock = self.pipeline.clock
         self._lock = threading.Lock()  # counters and seconds per step (the pipeline locks the host)
         self._local = threading.local()  # per thread: seconds in nested timed sections
@@ -186,30 +168,21 @@ class ConversationSession:
         work = [(i, w) for i in llm_sessions
                 for w in prompts.extraction_windows(self.conv.sessions[i])]  # fmt: skip
         done = self.timed("extract", lambda: ordered_map(
-            lambda iw: attempt(lambda: self._extract_llm(iw[1])), work, self.config.llm_concurrency
+            lambda iw: attempt(lambda: self.pipeline.records(iw[1])), work,
+            self.setup.llm_concurrency,
         ))  # fmt: skip
         thunks: list[Callable[[], Records]] = []
         for i, segment in enumerate(self.conv.sessions):
             mine = [got for (j, _), got in zip(work, done, strict=True) if j == i]
             wanted = i in llm_sessions
-            thunks.append(partial(_joined, mine) if wanted else partial(self._records, segment))
+            later = partial(self.pipeline.session_records, segment)
+            thunks.append(partial(_joined, mine) if wanted else later)
         return thunks
-
-    def _records(self, segment: Segment) -> Records:
-        """The task model's records for ``segment``, window after window (None offline)."""
-        if self.llm is None:
-            return None
-        return [r for w in prompts.extraction_windows(segment) for r in self._extract_llm(w)]
 
     def _extract(self, segment: Segment, records: Records) -> list[dict[str, Any]]:
         units = self.pipeline.units(segment, records)
         self.notify("session")
         return units
-
-    def _extract_llm(self, window: Segment) -> list[dict[str, Any]]:
-        records = self.pipeline.records(window)
-        self.notify("window")
-        return records
 
     def ensure_memory(self) -> None:
         """The host holds the built memory: restored from the store, or built now (and stored).
@@ -239,15 +212,10 @@ class ConversationSession:
         records = self._prefetch_records()
         self.notify("indexing")
         self._index_call(self.pipeline.open)
-        budget = INDEX_SECONDS  # the seconds all adds may still take together
+        budget = IndexBudget()  # the adds of this build share one indexing deadline
         for i, segment in enumerate(self.conv.sessions):
             units = self.units(i, records[i])
-            budget += INDEX_SECONDS_PER_UNIT * len(units)
-            began, served = time.monotonic(), self.pipeline.backend_seconds
-            allowed = max(budget, 0.001)
-            self._index_call(partial(self.pipeline.add, segment, units, timeout=allowed))
-            # the program's time only: embedding and model calls made for it do not count
-            budget -= time.monotonic() - began - (self.pipeline.backend_seconds - served)
+            self._index_call(partial(self.pipeline.add, segment, units, budget))
         dumped = self._index_call(self.pipeline.dump)
         self._memory_ready = True
         self.count("index", "computed")
@@ -312,13 +280,14 @@ class ConversationSession:
         step = "plan"
         try:
             with turn or nullcontext():
-                query = self._cached_json("plan", plan_key, lambda: self._plan(q, record))
+                query = self._cached_json("plan", plan_key, lambda: self.pipeline.plan(
+                    q.question, q.question_date, record))  # fmt: skip
                 trace.query = query
                 step = "retrieve"
                 found = self._cached_json("retrieve", retrieve_key, lambda: self._retrieve(query))
                 trace.retrieved, trace.over_budget = found["retrieved"], found["over_budget"]
                 trace.raw_chars, trace.retrieve_ms = found["raw_chars"], found.get("retrieve_ms")
-                if self.config.diagnose:
+                if self.setup.diagnose:
                     self._diagnose(q, trace)
             step = "answer"
             if self.llm is None:
@@ -354,16 +323,6 @@ class ConversationSession:
         except (HostFailure, ProgramFailure) as exc:
             trace.diagnostics_error = str(exc)[:300]
 
-    def _plan(self, q: Question, prefetched: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
-        """The program's query for ``q`` from the task model's record (``prefetched``, or asked
-        now); the host is checked first, as a sequential run would find it."""
-        record = None
-        if self.llm is not None:
-            self.pipeline.schema("Query")
-            record = (prefetched() if prefetched is not None
-                      else self.pipeline.plan_record(q.question, q.question_date))  # fmt: skip
-        return self.pipeline.query(q.question, q.question_date, record)
-
     def stored_units(self, i: int) -> list[dict[str, Any]] | None:
         """Session i's units if the store holds them (not counted as reuse)."""
         units = self.store.get_json("extract", self.extract_keys[i])
@@ -372,7 +331,8 @@ class ConversationSession:
     def lookup(self, text: str) -> str:
         """What retrieval returns when ``text`` is the question, through the program's own
         offline query stand-in (no LLM call); cached like any retrieval, not counted."""
-        plan_key = self.keys.plan(f"probe:{text}", None)  # the key text stored entries carry
+        # "probe:" is the key text stored lookups were filed under (a digest input: kept as is)
+        plan_key = self.keys.plan(f"probe:{text}", None)
         key = self.keys.retrieve(self.index_key, plan_key)
         result = self.store.get_json("retrieve", key)
         if result is None:
@@ -396,14 +356,13 @@ def _joined(parts: list[Callable[[], list[dict[str, Any]]]]) -> Records:
 
 
 def run_conversation(
-    source: str,
-    path: str,
+    program: CheckedProgram,
     conv: Conversation,
     questions: list[Question],
-    config: EvalSetup,
+    setup: EvalSetup,
     ticks: Any = None,
 ) -> ConversationResult:
-    """Execute one program over one conversation's questions.
+    """Execute the checked ``program`` over one conversation's questions.
 
     Runs in a worker process; the program's own code runs in a confined host it starts.
     ``ticks``, when given, is a queue that receives ``(conversation id, event)`` as the work
@@ -411,13 +370,13 @@ def run_conversation(
     each extracted session, ``indexing`` and ``indexed`` around indexing, ``restored`` when the
     memory came from the step store, ``question`` after each question
     (:data:`evolve.evaluation.executor.EVENTS`).
-    The history is ingested first, on its own (:meth:`ConversationSession.ingest`), then
-    the questions are asked. Both run on up to ``config.llm_concurrency`` threads, each host
+    The history is ingested first, on its own (:meth:`ConversationRun.ingest`), then
+    the questions are asked. Both run on up to ``setup.llm_concurrency`` threads, each host
     section in its turn (ingestion first, then question order), so questions' planning calls
     overlap ingestion; a question that shares its plan key with an earlier one starts after
     that one has finished, so it finds the step outputs a sequential run finds.
     """
-    run = ConversationSession(source, path, config, conv)
+    run = ConversationRun(program, setup, conv)
     if ticks is not None:
         run.notify = lambda event: ticks.put((conv.id, event))
     run.embedder.stats.reset()
@@ -444,7 +403,7 @@ def run_conversation(
             finished[k].set()
 
     try:
-        done = ordered_map(one, range(-1, len(questions)), config.llm_concurrency)
+        done = ordered_map(one, range(-1, len(questions)), setup.llm_concurrency)
     finally:
         run.close()
     traces = [t for t in done if t is not None]
@@ -461,15 +420,3 @@ def run_conversation(
         run.clock.seconds(),
         run.notes,
     )
-
-
-def pipeline_version() -> str:
-    """A digest of what the pipeline contributes to step outputs: PIPELINE_VERSION, the
-    contract version, the prompt texts and extraction window
-    (:func:`evolve.evaluation.prompts.texts`),
-    the truncation rule and budget, the embedding model, its precision and the installed
-    versions of OUTPUT_LIBRARIES."""
-    versions = library_versions(OUTPUT_LIBRARIES)
-    parts = [PIPELINE_VERSION, CONTRACT_VERSION, *prompts.texts(), TRUNCATION, OUT_CHAR_BUDGET,
-             Embedder.name, Embedder.dim, versions, precision()]  # fmt: skip
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -34,6 +34,7 @@ from evolve.scoring.retrieval import blocks
 from evolve.trace import QuestionTrace
 
 KEYS = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
+OVERALL = "overall"  # the group of every question, beside one per capability
 
 
 def unit_text(unit: dict[str, Any]) -> str:
@@ -92,7 +93,7 @@ def summarize(traces: list[QuestionTrace]) -> dict[str, dict[str, float | None]]
         row = {**t.diagnostics, "d_ret": t.scores.get("evidence_similarity"),
                "retrieved_chars": float(len(t.retrieved_text))}  # fmt: skip
         groups[t.capability or "?"].append(row)
-        groups["overall"].append(row)
+        groups[OVERALL].append(row)
 
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:
         values = [r[key] for r in rows if isinstance(r.get(key), int | float)]

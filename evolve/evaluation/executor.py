@@ -1,24 +1,27 @@
 """Evaluating a program over a task set: dispatch to worker processes, score, aggregate.
 
-The executor is the parent side of execution (docs/design.md §2). It never runs program code itself:
-each conversation is a job for :func:`evolve.evaluation.conversation.run_conversation` on a backend
-(:mod:`evolve.evaluation.distributed`: joblib's loky pool, reused between evaluations so the
-embedding
-model loads once per worker, or a Ray cluster). Workers decide per step what to reuse from the
-step store; the executor sums their counters, scores every question here with
-:mod:`evolve.scoring.coverage` (the retrieval fitness) and :mod:`evolve.scoring.retrieval` (the
-diagnostics beside it) and, when the task model answered, with the benchmark's answer
-scorer (:mod:`evolve.scoring.answers`; judge calls are made here, in the parent) — scoring code
-never shares a process with a candidate — and writes per-question traces.
+The executor is the parent side of execution (docs/design.md §2). It never runs program code
+itself: each conversation is a job for :func:`evolve.evaluation.conversation.run_conversation`
+on a backend (:mod:`evolve.evaluation.distributed`: joblib's loky pool, reused between
+evaluations so the embedding model loads once per worker, or a Ray cluster). Workers decide per
+step what to reuse from the step store; the executor sums their counters (the report's
+``steps``), scores every question here with :mod:`evolve.scoring.coverage` (the retrieval
+fitness) and :mod:`evolve.scoring.retrieval` (the diagnostics beside it) and, when the task
+model answered, with the benchmark's answer scorer (:mod:`evolve.scoring.answers`; judge calls
+are made here, in the parent) — scoring code never shares a process with a candidate — and
+writes per-question traces. Every evaluation runs with one
+:class:`~evolve.evaluation.setup.EvalSetup` (its ``setup``).
 
 Invariants:
 - No program is evaluated before it has passed the sandbox: :func:`run_eval` takes the
   :class:`~sandbox.check.CheckedProgram` a passing check returns (a path is checked first, by
-  :func:`check_file`), and runs exactly the source that was checked.
+  :func:`check_file`), and runs exactly the source that was checked: each worker gets that
+  ``CheckedProgram`` whole (its fingerprints and imports too), so no worker parses it again.
 - A failing conversation (program error, crashed worker) fails only its own questions; they
   score 0 on every retrieval metric they have, their answers are scored as empty answers, and
   they carry the error in their trace.
-- The report's ``meta.mode`` is ``"offline: retrieval-only"`` whenever no task model is set.
+- The report's ``meta.mode`` is :data:`~evolve.evaluation.identity.OFFLINE_MODE` whenever no task
+  model is set, else :data:`~evolve.evaluation.identity.ONLINE_MODE`.
 - Every question's trace scores, and so every aggregate block, carry the fitness of the
   evaluation's mode (:mod:`evolve.scoring.fitness`) under ``fitness``; ``meta.fitness`` names
   the mode and its versions (the mode's and the coverage scorer's).
@@ -36,7 +39,7 @@ Invariants:
   waiting for the conversations still running: no report is made of it.
 - A question whose judge reply never parses scores 0 on the judged metrics and is marked
   (:data:`~evolve.scoring.answers.UNJUDGED`); ``meta.unjudged`` counts them.
-- Answers are judged up to ``config.llm_concurrency`` questions at once; each question is
+- Answers are judged up to ``setup.llm_concurrency`` questions at once; each question is
   scored on its own and the results are kept in trace order, so scores equal a sequential
   run's (:func:`evolve.fanout.ordered_map`).
 - ``meta.time`` splits the workers' wall time, summed over conversations, into ``model_wait``,
@@ -55,54 +58,44 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
 from contract.spec import COMPONENTS
+from evolve.benches.registry import bench
 from evolve.datasets.types import Question, TaskSet
 from evolve.evaluation import diagnostics
 from evolve.evaluation.conversation import ConversationResult, run_conversation
 from evolve.evaluation.distributed import JobBackend, die_with_parent, make_backend
+from evolve.evaluation.identity import OFFLINE_MODE, ONLINE_MODE
+from evolve.evaluation.report import (
+    CeilingRecord,
+    EvalReport,
+    FitnessMode,
+    JudgeRecord,
+    ReportMeta,
+    ReportScores,
+)
 from evolve.evaluation.setup import EvalSetup, check_endpoint, make_embedder
 from evolve.fanout import ordered_map
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import SpendCapReached, is_spend_cap
 from evolve.models.usage import by_role
 from evolve.scoring import coverage
-from evolve.scoring.answers import UNJUDGED, AnswerScorer, Judged, make_scorer, score_answer
+from evolve.scoring.answers import UNJUDGED, AnswerScorer, Judged, score_answer
 from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.ceiling import question_ceilings
 from evolve.scoring.fitness import KEY as FITNESS_KEY
-from evolve.scoring.fitness import Variant, choose
+from evolve.scoring.fitness import Variant
 from evolve.scoring.retrieval import METRICS, RetrievalScorer, ScoreInput, aggregate
 from evolve.trace import QuestionTrace
 from sandbox.check import CheckedProgram, check_program
 
-OFFLINE_MODE = "offline: retrieval-only"
-
 
 class EvalError(Exception):
     """The evaluation could not start (unreadable program, bad configuration)."""
-
-
-@dataclass
-class EvalReport:
-    """One evaluation's report. ``stages`` holds the step counters (computed, reused, ...) per
-    pipeline step and ``work["stage_seconds"]`` the seconds per step: both keep the names
-    reports and stored candidate scores were written with."""
-
-    meta: dict[str, Any]
-    scores: dict[str, Any]
-    stages: dict[str, dict[str, int]]
-    usage: dict[str, dict[str, Any]]
-    work: dict[str, Any]
-    traces: list[QuestionTrace] = field(repr=False)
-
-    def as_json(self) -> dict[str, Any]:
-        keys = ("meta", "scores", "stages", "usage", "work")
-        return {k: getattr(self, k) for k in keys}
 
 
 ProgressFn = Callable[[int, str | None], None]
@@ -147,7 +140,7 @@ class WorkerEvents:
 def run_eval(
     program: CheckedProgram | Path,
     tasks: TaskSet,
-    config: EvalSetup,
+    setup: EvalSetup,
     *,
     jobs: int = 2,
     hit_threshold: float | None = None,
@@ -159,7 +152,7 @@ def run_eval(
     """Run every step for every question of ``tasks``, score the retrieved text and, when the
     task model answered, score the answers with the benchmark's own protocol (``judge``: the
     client holding the judge model; None scores without a judge), then each question's
-    fitness under the mode this evaluation is in (:func:`evolve.scoring.fitness.choose`;
+    fitness under the mode this evaluation is in (:meth:`evolve.benches.registry.Bench.fitness`;
     ``judge_variant``: BEAM's rubric variant it reads). Jobs run on ``backend`` (default: the
     local pool with ``jobs`` workers). A ``program`` given as a path is checked first
     (:func:`check_file`)."""
@@ -169,19 +162,19 @@ def run_eval(
         program = check_file(Path(program))
     backend = backend or make_backend("local", jobs)
     if backend.name != "local":  # other machines see the caches by absolute path only
-        config = replace(
-            config,
-            cache_dir=str(Path(config.cache_dir).resolve()),
-            calls_log=str(Path(config.calls_log).resolve()) if config.calls_log else None,
+        setup = replace(
+            setup,
+            cache_dir=str(Path(setup.cache_dir).resolve()),
+            calls_log=str(Path(setup.calls_log).resolve()) if setup.calls_log else None,
         )
     tally = WorkerEvents(tasks)
-    results = _run_jobs(backend, program, tasks, config, tally, on_progress)
+    results = _run_jobs(backend, program, tasks, setup, tally, on_progress)
 
-    embedder = make_embedder(config.embedder, config.cache_dir)
+    embedder = make_embedder(setup.embedder, setup.cache_dir)
     scorer = RetrievalScorer(embedder, *(() if hit_threshold is None else (hit_threshold,)))
     by_id = {q.id: q for q in tasks.questions}
     evidence = tasks.evidence_texts()
-    ceilings = question_ceilings(evidence, embedder, Path(config.cache_dir))
+    ceilings = question_ceilings(evidence, embedder, Path(setup.cache_dir))
     traces: list[QuestionTrace] = []
     for conv in tasks.conversations:
         result = results[conv.id]
@@ -197,15 +190,17 @@ def run_eval(
     refused = next((t.error for t in traces if is_spend_cap(t.error)), None)
     if refused:  # the run's caps refused a model call: no report of this evaluation
         raise SpendCapReached(refused)
-    check_endpoint(config)  # the model endpoint went down: no report of this evaluation
-    answers = make_scorer(tasks.bench, judge)
-    judged = answers.describe()["judge"] is not None
-    fit = choose(tasks.bench, None if config.offline else config.task_model, judged, judge_variant)
+    check_endpoint(setup)  # the model endpoint went down: no report of this evaluation
+    entry = bench(tasks.bench)
+    answers = entry.scorer(judge)
+    scorer_record = JudgeRecord.model_validate(answers.describe())
+    judged = scorer_record.judge is not None
+    fit = entry.fitness(None if setup.offline else setup.task_model, judged, judge_variant)
     metrics = [FITNESS_KEY, CEILING_KEY, *METRICS]
     usage = [u for r in results.values() for u in r.usage]
     judged_before = len(judge.records) if judge is not None else 0
     judging = time.perf_counter()
-    if not config.offline:
+    if not setup.offline:
         metrics += answers.metrics
 
         def judged_one() -> None:  # progress after each question's judging (any thread)
@@ -213,56 +208,57 @@ def run_eval(
                 tally.judge_calls = len(judge.records) - judged_before
                 on_progress(0, tally.line())
 
-        _score_answers(answers, traces, by_id, config.llm_concurrency, judged_one)
+        _score_answers(answers, entry.scorer(None), traces, by_id, setup.llm_concurrency,
+                       judged_one)  # fmt: skip
     judging = time.perf_counter() - judging
-    check_endpoint(config)  # it went down while the answers were judged
+    check_endpoint(setup)  # it went down while the answers were judged
     for trace in traces:
         trace.scores[FITNESS_KEY] = fit.question(trace.scores)
     rows = [(by_id[t.id], t.scores) for t in traces]
-    summary = aggregate(rows, metrics)
-    if not config.offline:
-        summary["headline"] = answers.summarize(rows)
+    summary = ReportScores.model_validate(aggregate(rows, metrics))
+    if not setup.offline:
+        summary = summary.model_copy(update={"headline": answers.summarize(rows)})
     if judge is not None:
         usage += [asdict(r) for r in judge.records[judged_before:]]
-    if config.diagnose:
-        summary["diagnostics"] = diagnostics.summarize(traces)
+    if setup.diagnose:
+        summary = summary.model_copy(update={"diagnostics": diagnostics.summarize(traces)})
     return EvalReport(
-        meta={
-            "program": program.path,
-            "program_hash": program.digest,
-            "fingerprints": program.fingerprints,
-            "bench": tasks.bench,
-            "split": tasks.split,
-            "conversations": len(tasks.conversations),
-            "questions": len(tasks.questions),
-            "mode": OFFLINE_MODE if config.offline else "online",
-            "models": {
-                "task": config.task_model.model if config.task_model else None,
+        meta=ReportMeta(
+            program=program.path,
+            program_hash=program.digest,
+            fingerprints=program.fingerprints,
+            bench=tasks.bench,
+            split=tasks.split,
+            conversations=len(tasks.conversations),
+            questions=len(tasks.questions),
+            mode=OFFLINE_MODE if setup.offline else ONLINE_MODE,
+            models={
+                "task": setup.task_model.model if setup.task_model else None,
                 "embedder": embedder.name,
-                "judge": answers.describe()["judge"],
+                "judge": scorer_record.judge,
             },  # fmt: skip
-            "judge": answers.describe(),
-            "fitness": fit.describe(),
-            "ceiling": {
-                "fitness_version": coverage.FITNESS_VERSION,
-                "budget": coverage.BUDGET,
-                "overall": summary["overall"][CEILING_KEY],
-            },  # fmt: skip
-            "metrics": metrics,
-            "hit_threshold": scorer.hit_threshold,
-            "errors": sum(1 for t in traces if t.error),
+            judge=scorer_record,
+            fitness=FitnessMode.model_validate(fit.describe()),
+            ceiling=CeilingRecord(
+                fitness_version=coverage.FITNESS_VERSION,
+                budget=coverage.BUDGET,
+                overall=summary.overall.ceiling,
+            ),
+            metrics=metrics,
+            hit_threshold=scorer.hit_threshold,
+            errors=sum(1 for t in traces if t.error),
             # conversation -> why its built memory could not be stored (rebuilt every time)
-            "unstored_memory": {
+            unstored_memory={
                 r.conversation_id: r.notes["index_unstored"]
                 for r in results.values()
                 if "index_unstored" in r.notes
             },
-            "unjudged": sum(1 for t in traces if UNJUDGED in (t.judged or {})),
-            "seconds": round(time.perf_counter() - started, 3),
-            "time": _time_split(results.values(), judging),
-        },
+            unjudged=sum(1 for t in traces if UNJUDGED in (t.judged or {})),
+            seconds=round(time.perf_counter() - started, 3),
+            time=_time_split(results.values(), judging),
+        ),
         scores=summary,
-        stages=_sum_counters(r.counters for r in results.values()),
+        steps=_sum_counters(r.counters for r in results.values()),
         usage=_sum_usage(usage),
         work=_sum_work(results.values()),
         traces=traces,
@@ -287,17 +283,14 @@ def check_file(path: Path) -> CheckedProgram:
         source = path.read_text()
     except OSError as exc:
         raise EvalError(f"cannot read program {path}: {exc.strerror}") from None
-    report = check_program(source, str(path))
-    if report.program is None:
-        raise EvalError(f"{path}: {report.repair_text()}")
-    return report.program
+    return check_program(source, str(path)).require(lambda why: EvalError(f"{path}: {why}"))
 
 
 def _run_jobs(
     backend: JobBackend,
     program: CheckedProgram,
     tasks: TaskSet,
-    config: EvalSetup,
+    setup: EvalSetup,
     tally: WorkerEvents,
     on_progress: ProgressFn | None,
 ) -> dict[str, ConversationResult]:
@@ -310,9 +303,8 @@ def _run_jobs(
         futures: dict[Future[ConversationResult], str] = {}
         for conv in sorted(tasks.conversations, key=lambda c: -c.n_chars):  # longest first
             qs = by_conv[conv.id]
-            job = backend.executor.submit(
-                run_conversation, program.source, program.path, conv, qs, config, ticks
-            )
+            # the checked program crosses whole: the worker parses nothing
+            job = backend.executor.submit(run_conversation, program, conv, qs, setup, ticks)
             futures[job] = conv.id
         results: dict[str, ConversationResult] = {}
         reported: Counter[str] = Counter()
@@ -329,7 +321,7 @@ def _run_jobs(
         while pending:
             done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
             drain()
-            check_endpoint(config)  # the endpoint went down: stop now, not question by question
+            check_endpoint(setup)  # the endpoint went down: stop now, not question by question
             for fut in done:
                 conv_id = futures[fut]
                 try:
@@ -344,18 +336,20 @@ def _run_jobs(
 
 def _score_answers(
     answers: AnswerScorer,
+    unjudged: AnswerScorer,
     traces: list[QuestionTrace],
     by_id: dict[str, Question],
     workers: int,
     after: Callable[[], None],
 ) -> None:
     """Score every trace's answer, up to ``workers`` questions at once (each judged on its own,
-    so the scores are those of one after another); a failed question counts as an empty answer.
+    so the scores are those of one after another; ``unjudged``: the bench's scorer without a
+    judge, for a reply that never parses); a failed question counts as an empty answer.
     ``after`` is called once per question when it is scored (from the thread that scored it)."""
 
     def one(trace: QuestionTrace) -> Judged:
         text = trace.answer if trace.answer is not None and not trace.error else ""
-        scored = score_answer(answers, by_id[trace.id], text)
+        scored = score_answer(answers, unjudged, by_id[trace.id], text)
         after()
         return scored
 

@@ -1,14 +1,15 @@
 """A memory program at work: the program in its confined host, with a task model and an embedder.
 
-:class:`Pipeline` is what evaluation (:mod:`evolve.evaluation.conversation`: the pipeline, the step
-cache and
-scoring) and a deployment both run. It is trusted code: it holds the embedder and the task
-model (an :class:`~evolve.models.llm.LLMClient`, or None for the offline stand-ins of
-:mod:`contract.program`). The program's own code (its module top level, hooks and ``Memory``
-methods) runs only in one :class:`~sandbox.isolate.Host`, started and loaded on first use; the
-pipeline sends it data, answers its backend requests (:class:`~evolve.evaluation.backend.
-BackendService`) and sends the task model the prompts of :mod:`evolve.evaluation.prompts`, with the
-instructions the loaded program holds as its host reports them at load.
+:class:`Pipeline` is what evaluation (:mod:`evolve.evaluation.conversation`: the pipeline, the
+step cache and scoring) and a deployment both run. It is trusted code: it holds the embedder and
+the task model (an :class:`~evolve.models.llm.LLMClient`, or None for the offline stand-ins of
+:mod:`contract.program`), and runs a :class:`~sandbox.check.CheckedProgram` as it was checked
+(its source, path and imports; nothing here parses it again). The program's own code (its
+module top level, hooks and ``Memory`` methods) runs only in one :class:`~sandbox.isolate.Host`,
+started and loaded on first use; the pipeline sends it data, answers its backend requests
+(:class:`~evolve.evaluation.backend.BackendService`) and sends the task model the prompts of
+:mod:`evolve.evaluation.prompts`, with the instructions the loaded program holds as its host
+reports them at load.
 
 Operations (each a typed value in, a typed value out):
 
@@ -16,11 +17,11 @@ Operations (each a typed value in, a typed value out):
   session (:meth:`Pipeline.records`, concurrently up to ``llm_concurrency``; None offline),
   then the host's ``units`` hook (:meth:`Pipeline.units`);
 - memory: :meth:`Pipeline.open` (a new, empty memory), :meth:`Pipeline.add` (``Memory.index``
-  for one session, in order), :meth:`Pipeline.dump` (the state, or why it is not storable) and
-  :meth:`Pipeline.restore`;
-- a question: :meth:`Pipeline.plan` (the task model's Query record, then the host's ``query``
-  hook; the question itself offline), :meth:`Pipeline.retrieve` and :meth:`Pipeline.answer`
-  (the program's answer instruction, task model only).
+  for one session, in order, within an :class:`IndexBudget`), :meth:`Pipeline.dump` (the
+  state, or why it is not storable) and :meth:`Pipeline.restore`;
+- a question: :meth:`Pipeline.plan` (the task model's Query record, asked now or ahead, then
+  the host's ``query`` hook; the question itself offline), :meth:`Pipeline.retrieve` and
+  :meth:`Pipeline.answer` (the program's answer instruction, task model only).
 
 Invariants:
 - One host per pipeline; every call into it is made under one lock, and the backend service's
@@ -39,6 +40,8 @@ Invariants:
   most :data:`~contract.state.MAX_STATE_BYTES`).
 - Retrieved text is cut to :data:`~contract.spec.OUT_CHAR_BUDGET`; ``raw_chars`` says how long
   the program's text was.
+- Every ``add`` runs under the one indexing deadline, :class:`IndexBudget`: the program's own
+  time, INDEX_SECONDS plus INDEX_SECONDS_PER_UNIT per unit of the adds charged to one budget.
 - Every wait is counted on :attr:`Pipeline.clock` (:class:`~evolve.fanout.WallClock`): a
   task-model call as model wait, a host call as sandbox, embedding for the host as local.
 """
@@ -57,20 +60,32 @@ from contract.state import MAX_STATE_BYTES
 from contract.types import ContractError, Segment
 from evolve.evaluation import prompts
 from evolve.evaluation.backend import BackendService
+from evolve.evaluation.setup import EvalSetup
 from evolve.fanout import WallClock, ordered_map
 from evolve.models.embed import Embedder
 from evolve.models.llm import LLMClient
 from sandbox.budget import add_embed_chars
+from sandbox.check import CheckedProgram
 from sandbox.isolate import Host, HostFailure, Limits, ProgramFailure
 from sandbox.printable import printable
-from sandbox.static import imported_modules
 from sandbox.wire import STATE_CHUNK_BYTES
 
 T = TypeVar("T")
 Records = list[dict[str, Any]] | None  # the task model's unit records for a session (None offline)
 HOST_LIMITS = Limits(cpu_seconds=3600, memory_mb=6144, call_seconds=600.0)
-ADD_SECONDS = 120.0  # one add: this much plus ...
-ADD_SECONDS_PER_UNIT = 0.25  # ... this much per unit (the default of Pipeline.add's timeout)
+INDEX_SECONDS = 120.0  # the adds of one IndexBudget: this much plus ...
+INDEX_SECONDS_PER_UNIT = 0.25  # ... this much per unit they add, of the program's own time
+
+
+class IndexBudget:
+    """The indexing deadline, the one rule for every ``add``: the adds charged to one budget
+    may take INDEX_SECONDS plus INDEX_SECONDS_PER_UNIT per unit they add, together, of the
+    program's own time (the optimizer's time answering the host's backend requests, embedding
+    above all, is not the program's). Evaluation charges the adds of one memory build to one
+    budget (:mod:`evolve.evaluation.conversation`); an add given none has one of its own."""
+
+    def __init__(self) -> None:
+        self.left = INDEX_SECONDS  # seconds the adds charged to it may still take
 
 
 @dataclass(frozen=True)
@@ -100,8 +115,7 @@ class Pipeline:
 
     def __init__(
         self,
-        source: str,
-        path: str,
+        program: CheckedProgram,
         *,
         llm: LLMClient | None,
         embedder: Embedder,
@@ -111,8 +125,7 @@ class Pipeline:
         llm_concurrency: int = 1,
         limits: Limits = HOST_LIMITS,
     ) -> None:
-        self.source = source
-        self.path = path
+        self.program = program
         self.llm = llm
         self.embedder = embedder
         self.call_prefix = call_prefix
@@ -128,8 +141,19 @@ class Pipeline:
         self._host_error: str | None = None
         self._schemas: dict[str, Any] = {}
         self._instructions: dict[str, str] = {}  # component -> the value the program holds
+        self.on_window: Callable[[], None] = lambda: None  # after each window's records
 
     # -- the host ------------------------------------------------------------------------
+
+    @classmethod
+    def for_setup(
+        cls, program: CheckedProgram, setup: EvalSetup, llm: LLMClient | None, embedder: Embedder
+    ) -> Pipeline:
+        """A pipeline with the limits ``setup`` sets (call prefix, completion budget, call
+        timeout, concurrency): the one way evaluation and the runtime build theirs."""
+        return cls(program, llm=llm, embedder=embedder, call_prefix=setup.call_prefix,
+                   max_complete_calls=setup.max_complete_calls, call_timeout=setup.call_timeout,
+                   llm_concurrency=setup.llm_concurrency)  # fmt: skip
 
     def host(self) -> Host:
         """The program's host, started and loaded on first use."""
@@ -139,10 +163,10 @@ class Pipeline:
             if self._host is None:
                 try:
                     with self.clock.during("sandbox"):
-                        imports = imported_modules(self.source)
-                        self._host = Host(self.limits, serve=self._serve, imports=imports)
+                        program = self.program
+                        self._host = Host(self.limits, serve=self._serve, imports=program.imports)
                         loaded, _ = self._host.call(
-                            "load", {"source": self.source, "path": self.path}
+                            "load", {"source": program.source, "path": program.path}
                         )
                         self._instructions = prompts.reported_instructions(loaded)
                         self._schemas, _ = self._host.call("schema")
@@ -217,7 +241,7 @@ class Pipeline:
 
     def records(self, window: Segment) -> list[dict[str, Any]]:
         """The task model's unit records for one extraction window, checked against the
-        program's ``MemoryUnit`` schema."""
+        program's ``MemoryUnit`` schema; :attr:`on_window` is called once they are."""
         if self.llm is None:
             raise RuntimeError("no task model: extraction uses the offline stand-ins")
         schema = self.schema("MemoryUnit")
@@ -230,7 +254,9 @@ class Pipeline:
 
         prompt = prompts.extraction_prompt(self.instruction("extract"), wrapper, window)
         purpose, llm = f"{self.call_prefix}/extract", self.llm
-        return self.model(lambda: llm.complete_json("task", purpose, prompt, wrapper, validate))
+        got = self.model(lambda: llm.complete_json("task", purpose, prompt, wrapper, validate))
+        self.on_window()
+        return got
 
     def session_records(self, segment: Segment) -> Records:
         """The task model's records for ``segment``, its windows asked concurrently and joined
@@ -269,15 +295,20 @@ class Pipeline:
         self.call("open", self._limits())
 
     def add(
-        self, segment: Segment, units: list[dict[str, Any]], timeout: float | None = None
+        self, segment: Segment, units: list[dict[str, Any]], budget: IndexBudget | None = None
     ) -> None:
-        """``Memory.index(units, segment)`` on the live memory: one session, in order. The
-        default deadline is ADD_SECONDS plus ADD_SECONDS_PER_UNIT per unit."""
-        if timeout is None:
-            timeout = ADD_SECONDS + ADD_SECONDS_PER_UNIT * len(units)
+        """``Memory.index(units, segment)`` on the live memory: one session, in order, within
+        what is left of ``budget`` (:class:`IndexBudget`; None: a budget of its own) once it
+        has grown by these units; the program's time is charged to it."""
+        if budget is None:
+            budget = IndexBudget()
+        budget.left += INDEX_SECONDS_PER_UNIT * len(units)
         volume = add_embed_chars((m.content for m in segment.messages), units)
-        self.call("add", {"segment": asdict(segment), "units": units}, timeout=timeout,
-                  embed_chars=volume)  # fmt: skip
+        began, served = time.monotonic(), self.backend_seconds
+        self.call("add", {"segment": asdict(segment), "units": units},
+                  timeout=max(budget.left, 0.001), embed_chars=volume)  # fmt: skip
+        # the program's time only: embedding and model calls made for it do not count
+        budget.left -= time.monotonic() - began - (self.backend_seconds - served)
 
     def dump(self) -> StateDump:
         """The live memory's state (:mod:`contract.state` bytes), fetched chunk by chunk, or
@@ -341,14 +372,20 @@ class Pipeline:
             raise HostFailure("program host: a query must come back as a record")
         return result
 
-    def plan(self, question: str, date: str | None) -> dict[str, Any]:
-        """The program's query for ``question``: the task model's record (offline: none), then
-        the host's ``query`` (the host is checked before the model is asked)."""
-        record = None
+    def plan(
+        self,
+        question: str,
+        date: str | None,
+        record: Callable[[], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The program's query for ``question``: the task model's record (offline: none; given
+        as ``record`` when it was asked ahead, else asked now), then the host's ``query`` (the
+        host is checked before the record is used, as a sequential run finds it)."""
+        planned = None
         if self.llm is not None:
             self.schema("Query")
-            record = self.plan_record(question, date)
-        return self.query(question, date, record)
+            planned = record() if record is not None else self.plan_record(question, date)
+        return self.query(question, date, planned)
 
     def retrieve(self, query: dict[str, Any]) -> Retrieved:
         """``Memory.retrieve(query)`` on the live memory, cut to OUT_CHAR_BUDGET."""

@@ -4,7 +4,7 @@ Owns the prompt templates, the extraction window (how a session is cut into extr
 and the check of a program's instruction strings as its host reports them
 (:func:`reported_instructions`). :class:`evolve.evaluation.pipeline.Pipeline` sends these prompts;
 step
-keys fold in :func:`texts` through :func:`evolve.evaluation.conversation.pipeline_version`.
+keys fold in :func:`texts` through :func:`evolve.evaluation.identity.pipeline_version`.
 
 Invariants:
 - Every text or number here that shapes a prompt is listed in :func:`texts`, so changing one

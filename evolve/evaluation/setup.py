@@ -20,6 +20,9 @@ Invariants:
   :func:`check_endpoint` tells the parent after an evaluation.
 - ``script`` (tests only) answers through a scripted client instead of litellm; it is never set
   from the command line.
+- Offline (no task model) loads nothing of the task-model client's machinery: the client
+  builder (:mod:`evolve.models.clients`) and the breaker are imported by the functions that
+  use them, so the runtime's import stays light (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolve.models.breaker import shared_breaker
-from evolve.models.clients import llm_client
 from evolve.models.embed import Embedder, HashingEmbedder
 from evolve.models.limiter import DEFAULT_CONCURRENCY
 from evolve.models.llm import LLMClient, ModelConfig, Models
@@ -87,34 +88,40 @@ def make_embedder(kind: str, cache_dir: str, *, own: bool = False) -> Embedder:
     return _EMBEDDERS[key]
 
 
-def calls_log(config: EvalSetup) -> Path:
+def calls_log(setup: EvalSetup) -> Path:
     """The call log the task model's calls go to (and the run's breaker is keyed on)."""
-    root = Path(config.cache_dir)
-    return Path(config.calls_log) if config.calls_log else root / "llm-calls.sqlite"
+    root = Path(setup.cache_dir)
+    return Path(setup.calls_log) if setup.calls_log else root / "llm-calls.sqlite"
 
 
-def check_endpoint(config: EvalSetup) -> None:
-    """Raise :class:`~evolve.models.breaker.EndpointDown` when the breaker of ``config``'s
+def check_endpoint(setup: EvalSetup) -> None:
+    """Raise :class:`~evolve.models.breaker.EndpointDown` when the breaker of ``setup``'s
     call log is tripped (a worker or the judge found the model endpoint down); offline: never."""
-    if config.task_model is not None:
-        shared_breaker(calls_log(config)).check()
+    if setup.task_model is not None:
+        from evolve.models.breaker import shared_breaker
+
+        shared_breaker(calls_log(setup)).check()
 
 
-def reset_endpoint(config: EvalSetup) -> None:
-    """Close the breaker of ``config``'s call log: a command starts, the endpoint may be back."""
-    if config.task_model is not None:
-        shared_breaker(calls_log(config)).reset()
+def reset_endpoint(setup: EvalSetup) -> None:
+    """Close the breaker of ``setup``'s call log: a command starts, the endpoint may be back."""
+    if setup.task_model is not None:
+        from evolve.models.breaker import shared_breaker
+
+        shared_breaker(calls_log(setup)).reset()
 
 
-def make_llm(config: EvalSetup, cache_dir: str | None = None) -> LLMClient | None:
+def make_llm(setup: EvalSetup, cache_dir: str | None = None) -> LLMClient | None:
     """The task model's client (None offline), its request cache
-    ``<cache_dir or config.cache_dir>/llm-cache.sqlite`` (none without ``config.reuse``); its
+    ``<cache_dir or setup.cache_dir>/llm-cache.sqlite`` (none without ``setup.reuse``); its
     call log, limit on requests in flight and breaker are the run's (:func:`calls_log`)."""
-    if config.task_model is None:
+    if setup.task_model is None:
         return None
-    log = calls_log(config)
-    folder = Path(cache_dir if cache_dir is not None else config.cache_dir)
-    cache = folder / "llm-cache.sqlite" if config.reuse else None
-    models = Models(task=config.task_model)
-    return llm_client(models, log_path=log, cache_path=cache, script=config.script,
-                      concurrency=config.llm_concurrency, timeout=config.llm_timeout)  # fmt: skip
+    from evolve.models.clients import llm_client
+
+    log = calls_log(setup)
+    folder = Path(cache_dir if cache_dir is not None else setup.cache_dir)
+    cache = folder / "llm-cache.sqlite" if setup.reuse else None
+    models = Models(task=setup.task_model)
+    return llm_client(models, log_path=log, cache_path=cache, script=setup.script,
+                      concurrency=setup.llm_concurrency, timeout=setup.llm_timeout)  # fmt: skip

@@ -1,8 +1,9 @@
 """Step reuse: cache keys over the component fingerprints, and the step store.
 
 A step is one of the pipeline's cached computations (extract, index, plan, retrieve, answer),
-not an evolution stage (:mod:`evolve.evolution.stages`). Owns two things (docs/design.md §2);
-the fingerprints are :mod:`sandbox.fingerprint`'s:
+not an evolution stage (:mod:`evolve.evolution.stages`). Owns the step cache's layout: keys and
+folders are derived here only (docs/design.md §2); the fingerprints are
+:mod:`sandbox.fingerprint`'s:
 
 1. :class:`StepKeys` — cache keys that chain each step's fingerprint with every upstream key,
    the model signature, the pipeline version and a digest of the input data, so a key changes
@@ -18,10 +19,12 @@ the fingerprints are :mod:`sandbox.fingerprint`'s:
    whose payload does not hash to its header (an edit, even one that leaves valid JSON; an
    entry from before checksums) is invalid like a wrong shape: a miss, reported to
    ``on_invalid``, recomputed by the caller and overwritten.
+3. :func:`program_steps` — a program's keys and the store they address, from the setup an
+   evaluation runs with: what every reader and writer of the step cache opens it with.
 
 On disk the store keeps the names it was first written with, so existing caches stay readable:
-callers root it at ``<cache>/stages`` (one folder per step below), and the entry header reads
-``prismem-stage``.
+it lives at ``<cache>/stages`` (:func:`step_root`; one folder per step below), and the entry
+header reads ``prismem-stage``.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from __future__ import annotations
 import hashlib
 import json
 import pickletools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -47,7 +50,7 @@ class StepKeys:
     fp: dict[str, str]
     model_sig: str  # "offline" or the task model id and parameters
     embed_sig: str  # the embedder's name: index state contains its vectors
-    pipeline_version: str  # conversation.pipeline_version(): what the pipeline adds to outputs
+    pipeline_version: str  # the pipeline version: what the pipeline adds to outputs
 
     def _key(self, step: str, *parts: Any) -> str:
         return digest(step, self.fp[step], self.pipeline_version, *parts)
@@ -90,6 +93,7 @@ SHAPES: dict[str, TypeAdapter[Any]] = {  # what a JSON entry of each step must b
 }
 
 
+# An entry's header line; on disk it keeps the old word "stage" for a step, so stored entries read.
 _HEADER = b"prismem-stage sha256="
 
 
@@ -163,9 +167,8 @@ class StepStore:
     """Step outputs on disk: JSON for records and texts, bytes for memory state.
 
     Entries live in one folder per pipeline version under each step (``version``:
-    :func:`evolve.evaluation.conversation.pipeline_version`, which every key carries too), so the
-    entries no
-    current pipeline version reads can be found and pruned (``evolve cache``;
+    :func:`evolve.evaluation.identity.pipeline_version`, which every key carries too), so the
+    entries no current pipeline version reads can be found and pruned (``evolve cache``;
     :func:`stale_folders`).
 
     With ``reuse=False`` the store still writes every output (so trusted-side readers such as
@@ -246,3 +249,42 @@ class StepStore:
             self._own.add(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, frame(data))
+
+
+# The step store's folder under a cache folder; on disk it keeps the old word "stages" for the
+# steps, so existing caches read.
+STEPS_FOLDER = "stages"
+
+
+def step_root(cache_dir: str | Path) -> Path:
+    """The step store's folder under the cache folder ``cache_dir``."""
+    return Path(cache_dir) / STEPS_FOLDER
+
+
+class StepSetup(Protocol):
+    """What the step cache reads of an evaluation's setup
+    (:class:`evolve.evaluation.setup.EvalSetup`)."""
+
+    @property
+    def cache_dir(self) -> str: ...
+    @property
+    def model_sig(self) -> str: ...
+    @property
+    def embedder(self) -> str: ...
+
+
+def program_steps(
+    setup: StepSetup,
+    fingerprints: Mapping[str, str],
+    version: str,
+    *,
+    reuse: bool = True,
+    on_invalid: Callable[[str], None] | None = None,
+) -> tuple[StepKeys, StepStore]:
+    """The step keys of the program with these component ``fingerprints`` under ``setup``'s
+    models and pipeline ``version``, and the step store they address in ``setup``'s cache
+    folder (``reuse`` and ``on_invalid`` as :class:`StepStore` takes them)."""
+    keys = StepKeys(dict(fingerprints), setup.model_sig, setup.embedder, version)
+    store = StepStore(step_root(setup.cache_dir), version=version, reuse=reuse,
+                      on_invalid=on_invalid)  # fmt: skip
+    return keys, store

@@ -1,13 +1,14 @@
 """The archive: which candidates are kept — the best overall and the specialist per capability.
 
-Owns :func:`fitness`, :func:`question_fitness`, :func:`improves` (the paired bootstrap test),
-:class:`Archive` and :func:`archive`.
+Owns :func:`fitness`, :func:`score_fitness`, :func:`question_fitness`, :func:`improves` (the
+paired bootstrap test), :class:`Archive` and :func:`archive`.
 
-- **Fitness** of a score block (overall, one capability, or one question) is the value of the
-  run's fitness mode (:mod:`evolve.scoring.fitness`: ``judged`` with a task model and a judge,
-  ``answer-f1`` with a task model alone, ``retrieval`` offline), written by the executor; old
-  blocks without it read as ``retrieval`` (mean of evidence similarity and hit rate). Under
-  ``judged`` every question counts, abstention included.
+- **Fitness** of a score row (overall or one capability: :func:`fitness`) or of one question's
+  scores (:func:`score_fitness`) is the value of the run's fitness mode
+  (:mod:`evolve.scoring.fitness`: ``judged`` with a task model and a judge, ``answer-f1`` with
+  a task model alone, ``retrieval`` offline), written by the executor; old rows without it
+  read as ``retrieval`` (mean of evidence similarity and hit rate). Under ``judged`` every
+  question counts, abstention included.
 - **Acceptance is a paired test, not a raw difference** (docs/design.md §4, capability-level
   evaluation): a challenger replaces the holder only when, over the valid questions both were
   scored on (of the capability in question, or all of them for the best overall), the
@@ -18,7 +19,7 @@ Owns :func:`fitness`, :func:`question_fitness`, :func:`improves` (the paired boo
   the same candidates always give the same archive (the bootstrap is seeded by the two sources'
   hashes, not their ids: a run resumed after a crash may number its candidates differently).
 - Candidates evaluated before per-question scores were stored fall back to comparing the mean.
-- **Guard sets** (:mod:`evolve.datasets.guards`; docs/design.md, "Guard sets"): the run's guards
+- **Guard sets** (:mod:`evolve.benches.guards`; docs/design.md, "Guard sets"): the run's guards
   are the ``guard:*`` score blocks of its first evaluated candidate (the seed, scored on every
   guard once). A challenger that wins valid against a holder (the best, or a capability's
   specialist) replaces it only when, on every guard, it is **not worse** than that holder: the
@@ -41,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from evolve.datasets.guards import KEY_PREFIX as GUARD_PREFIX
+from evolve.benches.guards import KEY_PREFIX as GUARD_PREFIX
 from evolve.datasets.types import CAPABILITIES
-from evolve.evolution.store import CandidateMeta
+from evolve.evaluation.report import MetricRow
+from evolve.evolution.candidate import VALID, CandidateMeta
 from evolve.scoring.fitness import KEY as FITNESS_KEY
 from evolve.scoring.fitness import Fitness, retrieval_fitness
 from evolve.trace import QuestionTrace
@@ -51,17 +53,24 @@ from evolve.trace import QuestionTrace
 CONFIDENCE = 0.9  # share of bootstrap means that must lie above zero (above -margin: guards)
 MARGIN = 0.01  # how much worse than the holder a challenger may be on a guard (fitness, 1 pp)
 RESAMPLES = 2000
-RETRIEVAL = Fitness("retrieval", "")  # how traces from before modes were recorded read
+RETRIEVAL = Fitness("retrieval")  # how traces from before modes were recorded read
 
 
-def fitness(block: dict[str, Any] | None) -> float:
-    """The selection fitness of a score block (overall, one capability, or one question's
-    scores): the value of its run's mode (:mod:`evolve.scoring.fitness`, key ``fitness``);
-    a block from before modes were recorded reads as ``retrieval``. 0 when missing or empty."""
-    if block and FITNESS_KEY in block:
-        value = block[FITNESS_KEY]
+def fitness(row: MetricRow | None) -> float:
+    """The selection fitness of a score row (overall or one capability): the value of its
+    run's mode; a row from before modes were recorded reads as ``retrieval``. 0 when missing
+    or empty."""
+    return score_fitness(None if row is None else row.as_scores())
+
+
+def score_fitness(scores: dict[str, Any] | None) -> float:
+    """The selection fitness of one question's scores, or a row's (:meth:`MetricRow.as_scores`):
+    the value of the run's mode (:mod:`evolve.scoring.fitness`, key ``fitness``); scores from
+    before modes were recorded read as ``retrieval``. 0 when missing or empty."""
+    if scores and FITNESS_KEY in scores:
+        value = scores[FITNESS_KEY]
         return float(value) if isinstance(value, int | float) else 0.0
-    return retrieval_fitness(block)
+    return retrieval_fitness(scores)
 
 
 def question_fitness(traces: Iterable[QuestionTrace]) -> dict[str, float]:
@@ -106,21 +115,12 @@ def non_inferior(
     return _share_above(diffs, -margin, seed) >= CONFIDENCE
 
 
-def _questions(c: CandidateMeta, capability: str | None) -> dict[str, float]:
-    per = c.scores["valid"].get("questions") or {}
-    caps = c.scores["valid"].get("question_capabilities") or {}
-    return {q: v for q, v in per.items() if capability is None or caps.get(q) == capability}
-
-
 def _beats(new: CandidateMeta, old: CandidateMeta, capability: str | None) -> bool:
-    a, b = _questions(new, capability), _questions(old, capability)
+    a, b = new.scores[VALID].questions_of(capability), old.scores[VALID].questions_of(capability)
     if a and b:
         return improves(a, b, f"{new.source_sha256}|{old.source_sha256}|{capability}")
-    if capability is None:  # no per-question scores stored: the mean decides
-        return fitness(new.scores["valid"]["overall"]) > fitness(old.scores["valid"]["overall"])
-    by_new = new.scores["valid"]["by_capability"].get(capability)
-    by_old = old.scores["valid"]["by_capability"].get(capability)
-    return fitness(by_new) > fitness(by_old)
+    # no per-question scores stored: the mean decides
+    return fitness(new.scores[VALID].row(capability)) > fitness(old.scores[VALID].row(capability))
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,11 @@ def guard_keys(candidates: list[CandidateMeta]) -> list[str]:
 
 
 def _guard_questions(c: CandidateMeta, key: str, capability: str | None) -> dict[str, float]:
-    block = c.scores.get(key) or {}
-    per, caps = block.get("questions") or {}, block.get("question_capabilities") or {}
-    mine = {q: v for q, v in per.items() if capability is None or caps.get(q) == capability}
-    return mine or dict(per)  # a guard without the capability's questions: all of them
+    block = c.scores.get(key)
+    if block is None:
+        return {}
+    # a guard without the capability's questions: all of them
+    return block.questions_of(capability) or dict(block.questions)
 
 
 def guard_check(
@@ -205,7 +206,7 @@ def archive(
         if kept.best is None or _accept(c, kept.best, None, paired):
             wins.append((None, kept.best))
         for cap in CAPABILITIES:
-            if cap not in c.scores["valid"]["by_capability"]:
+            if cap not in c.scores[VALID].by_capability:
                 continue
             holder = kept.specialists.get(cap)
             if holder is None or _accept(c, holder, cap, paired):
@@ -232,6 +233,4 @@ def archive(
 def _accept(new: CandidateMeta, old: CandidateMeta, capability: str | None, paired: bool) -> bool:
     if paired:
         return _beats(new, old, capability)
-    block = (lambda c: c.scores["valid"]["overall"]) if capability is None else (
-        lambda c: c.scores["valid"]["by_capability"].get(capability))  # fmt: skip
-    return fitness(block(new)) > fitness(block(old))
+    return fitness(new.scores[VALID].row(capability)) > fitness(old.scores[VALID].row(capability))

@@ -1,4 +1,6 @@
-"""One candidate's record and its files: :class:`CandidateMeta`, and the rules by which a
+"""One candidate's record and its files: :class:`CandidateMeta`, the keys its score blocks
+are filed under (:data:`TRAIN`, :data:`VALID`, :data:`MINIBATCH`, :data:`TEST`; a guard's key
+is :mod:`evolve.benches.guards`'), and the rules by which a
 candidate's ``.json`` and ``.py`` are read or judged damaged (:class:`DamagedFile`).
 
 Invariants (the run store's, :mod:`evolve.evolution.store`, relies on them):
@@ -20,10 +22,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from evolve.config import STAGES
+from evolve.config import SPLITS, STAGES
 from evolve.datasets.types import CAPABILITIES
+from evolve.evaluation.report import ScoreBlock
 from evolve.models import why
 
+TRAIN, VALID = SPLITS  # the keys of a candidate's blocks on the run's splits
+MINIBATCH = "minibatch"  # the key of its cascade screen's block (evolve.evolution.cascade)
+TEST = "test"  # the key of a frozen candidate's test block (evolve.evolution.freeze)
 ORIGINS = ("seed", *STAGES)  # what a candidate's ``stage`` names: the seed, or its evolution stage
 STATUSES = ("proposed", "rejected", "evaluated", "failed", "stopped")  # stopped: by the cascade
 _ALLOWED = {"stage": ORIGINS, "status": STATUSES, "capability": (*CAPABILITIES, None)}
@@ -47,7 +53,8 @@ class CandidateMeta(BaseModel):
     source_sha256: str
     status: str
     sandbox: dict[str, Any] | None  # the sandbox report (CheckReport.as_json())
-    scores: dict[str, dict[str, Any]]  # split -> {"overall": {...}, "by_capability": {...}}
+    # TRAIN, VALID, MINIBATCH, a guard's key (evolve.benches.guards) or test -> its block
+    scores: dict[str, ScoreBlock]
     usage: dict[str, Any]  # tokens and cost spent producing and evaluating it
     seconds: float
     created: float  # unix time

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from evolve.datasets.types import TaskSet
 from evolve.evolution.archive import CONFIDENCE, improves
-from evolve.evolution.store import CandidateMeta
+from evolve.evolution.candidate import TRAIN, CandidateMeta
 
 
 def minibatch(parent: CandidateMeta, train: TaskSet, n: int) -> TaskSet:
     """The ``n`` train conversations (with questions) where ``parent`` fails most."""
-    per = parent.scores.get("train", {}).get("questions") or {}
+    block = parent.scores.get(TRAIN)
+    per = block.questions if block is not None else {}
     by_conv = train.by_conversation()
 
     def failing(conv_id: str) -> tuple[float, str]:

@@ -1,7 +1,10 @@
 """Cases shown to a proposer: the parent's failing train questions, and paired differential
 cases between two programs, made compact as docs/design.md §4 describes.
 
-Owns :func:`failing_cases`, :func:`differential_cases` and :data:`UnitsOf`. A case holds what a
+Owns :func:`failing_cases`, :func:`differential_cases`, :data:`UnitsOf` and the
+:class:`CaseOrder` protocol (what ``RunConfig.cases`` / ``--cases`` names) with its two
+strategies, :class:`WorstFirst` (``worst``, the default) and :class:`SeededDraw` (``random``, an
+ablation). A case holds what a
 coder needs to see why retrieval missed: the question and reference answer, each evidence
 message with its session (the source text) and the memory units extracted from that session,
 the query plan, the retrieved text, the predicted answer and the scores. Every long text is
@@ -10,23 +13,23 @@ chosen to cover the question, answer, evidence and prediction; each evidence kee
 unit).
 
 Invariants: cases come from the train split only (the loop passes train traces and the train
-task set). Selection is deterministic: ``"worst"`` takes the lowest fitness
-(:func:`evolve.evolution.archive.fitness`, ties by question id); ``"random"`` (an ablation)
-draws with a seeded generator. With labels, a target capability selects the tasks whose
-primary or secondary label is that capability. At most :data:`MAX_EVIDENCE` evidence messages
-per case.
+task set). The order is deterministic: :class:`WorstFirst` takes the lowest fitness
+(:func:`evolve.evolution.archive.score_fitness`, ties by question id); :class:`SeededDraw`
+shuffles that order with a generator seeded by the run seed and the round. With labels, a
+target capability selects the tasks whose primary or secondary label is that capability. At
+most :data:`MAX_EVIDENCE` evidence messages per case.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from evolve.datasets.types import Question, TaskSet
 from evolve.evaluation.diagnostics import unit_text
 from evolve.evolution.annotate import Labels
-from evolve.evolution.archive import fitness
+from evolve.evolution.archive import score_fitness
 from evolve.evolution.compact import compact_case
 from evolve.models.embed import Embedder
 from evolve.trace import QuestionTrace
@@ -36,6 +39,40 @@ CASE_CHARS = 11_300  # a compact case's mean size on BEAM-100K train (bench/comp
 UnitsOf = Callable[[str, int], list[dict[str, Any]] | None]  # (conversation id, session) -> units
 
 
+class CaseOrder(Protocol):
+    """Which of the parent's train questions a proposer is shown as failing cases: the first
+    ``limit`` of :meth:`order` (``RunConfig.cases`` names one, by its ``name``)."""
+
+    name: str
+
+    def order(self, pool: list[QuestionTrace], seed: str) -> list[QuestionTrace]:
+        """``pool`` in the order its cases are shown (``seed``: the run seed and the round)."""
+        ...
+
+
+class WorstFirst:
+    """The default: the lowest fitness first, ties by question id."""
+
+    name = "worst"
+
+    def order(self, pool: list[QuestionTrace], seed: str) -> list[QuestionTrace]:
+        return sorted(pool, key=lambda t: (score_fitness(t.scores), t.id))
+
+
+class SeededDraw:
+    """An ablation: the worst-first order shuffled by a generator seeded with ``seed``."""
+
+    name = "random"
+
+    def order(self, pool: list[QuestionTrace], seed: str) -> list[QuestionTrace]:
+        drawn = WorstFirst().order(pool, seed)
+        random.Random(seed).shuffle(drawn)
+        return drawn
+
+
+WORST = WorstFirst()
+
+
 def failing_cases(
     traces: list[QuestionTrace],
     tasks: TaskSet,
@@ -43,21 +80,18 @@ def failing_cases(
     limit: int = 4,
     *,
     labels: dict[str, Labels] | None = None,
-    mode: str = "worst",
+    order: CaseOrder = WORST,
     seed: str = "",
     embedder: Embedder,
     units_of: UnitsOf | None = None,
 ) -> tuple[dict[str, Any], ...]:
-    """Up to ``limit`` questions of capability ``target`` (all when None): the worst-scored, or
-    a seeded random draw (``mode="random"``)."""
+    """Up to ``limit`` questions of capability ``target`` (all when None), the first of
+    ``order`` (the worst-scored by default; ``seed`` for a seeded draw)."""
     questions = {q.id: q for q in tasks.questions}
     pool = [t for t in traces if t.id in questions]
     if target is not None:
         pool = [t for t in pool if _covers(questions[t.id], target, labels)]
-    pool.sort(key=lambda t: (fitness(t.scores), t.id))
-    if mode == "random":
-        random.Random(seed).shuffle(pool)
-    chosen = pool[:limit]
+    chosen = order.order(pool, seed)[:limit]
     return tuple(_case(t, questions[t.id], tasks, embedder, units_of) for t in chosen)
 
 
@@ -73,9 +107,11 @@ def differential_cases(
     questions = {q.id: q for q in tasks.questions}
     other = {t.id: t for t in theirs if t.id in questions}
     pairs = [(t, other[t.id]) for t in mine if t.id in other]
-    gaps = sorted(pairs, key=lambda p: (fitness(p[0].scores) - fitness(p[1].scores), p[0].id))
-    chosen = [p for p in gaps[:limit] if fitness(p[1].scores) > fitness(p[0].scores)]
-    chosen += [p for p in gaps[::-1][:limit] if fitness(p[0].scores) > fitness(p[1].scores)]
+    a_fit = {a.id: score_fitness(a.scores) for a, _ in pairs}  # this program's, per question
+    b_fit = {b.id: score_fitness(b.scores) for _, b in pairs}  # the other's
+    gaps = sorted(pairs, key=lambda p: (a_fit[p[0].id] - b_fit[p[0].id], p[0].id))
+    chosen = [p for p in gaps[:limit] if b_fit[p[0].id] > a_fit[p[0].id]]
+    chosen += [p for p in gaps[::-1][:limit] if a_fit[p[0].id] > b_fit[p[0].id]]
     out = []
     for a, b in chosen:
         case = _case(a, questions[a.id], tasks, embedder, None)

@@ -42,6 +42,8 @@ from typing import Any
 
 from contract import spec
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
+from evolve.evaluation.report import Diagnostics, MetricRow, ScoreBlock
+from evolve.evolution.candidate import TRAIN
 from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.models.llm import LLMClient, Message
 from evolve.scoring import fmt_score
@@ -140,19 +142,18 @@ Change what the diagnosis calls for; keep everything else as it is.
 {REPLY_FORMAT}"""
 
 
-def _score_table(scores: dict[str, Any], split: str) -> str:
-    block = scores.get(split) or {}
-    rows = [("overall", block.get("overall") or {})]
-    rows += [(c, block.get("by_capability", {}).get(c) or {}) for c in CAPABILITIES]
+def _score_table(scores: dict[str, ScoreBlock], split: str) -> str:
+    block = scores.get(split, ScoreBlock())
+    rows = [(None, block.overall), *((c, block.by_capability.get(c)) for c in CAPABILITIES)]
     shown = (FITNESS_KEY, *METRICS)  # the fitness in force first, then the retrieval metrics
     lines = [f"| capability | n | {' | '.join(m.replace('_', ' ') for m in shown)} |",
              "|" + "---|" * (len(shown) + 2)]  # fmt: skip
-    for name, row in rows:
-        if not row:
+    for cap, row in rows:
+        if row is None or not row.as_scores():
             continue
-        label = name if name == "overall" else f"{name} {CAPABILITY_NAMES[name]}"
-        values = [fmt_score(row.get(m)) for m in shown]
-        lines.append(f"| {label} | {row.get('n', 0)} | {' | '.join(values)} |")
+        label = "overall" if cap is None else f"{cap} {CAPABILITY_NAMES[cap]}"
+        values = [fmt_score(row.metric(m)) for m in shown]
+        lines.append(f"| {label} | {row.n} | {' | '.join(values)} |")
     return "\n".join(lines)
 
 
@@ -189,16 +190,16 @@ def _history(request: Request) -> str:
         return "(none yet)"
     lines = []
     for h in request.history:
-        result = h["status"]
-        if h.get("train_delta") is not None:
-            effects = ", ".join(f"{c} {d:+.3f}" for c, d in sorted(h["by_capability"].items()))
-            result += f"; train fitness {h['train_delta']:+.3f} vs its parent ({effects})"
-        target = f" {h['capability']}" if h.get("capability") else ""
-        lines.append(f"- {h['id']} {h['stage']}{target}: {h['message']} -> {result}")
+        result = h.status
+        if h.train_delta is not None:
+            effects = ", ".join(f"{c} {d:+.3f}" for c, d in sorted(h.by_capability.items()))
+            result += f"; train fitness {h.train_delta:+.3f} vs its parent ({effects})"
+        target = f" {h.capability}" if h.capability else ""
+        lines.append(f"- {h.id} {h.stage}{target}: {h.message} -> {result}")
     return "\n".join(lines)
 
 
-def _diagnostics(table: dict[str, Any]) -> str:
+def _diagnostics(table: Diagnostics) -> str:
     keys = ("d_ext", "d_idx", "d_ret", "unit_chars", "retrieved_chars")
     lines = ["| capability | d_ext | d_idx | d_ret | mean unit chars | mean retrieved chars |",
              "|---|---|---|---|---|---|"]  # fmt: skip
@@ -261,13 +262,13 @@ def render_request(
     parts = [
         _source("Current program", request.parent),
         f"## Scores of the current program on the train split\n"
-        f"{_score_table(request.parent.scores, 'train')}",
+        f"{_score_table(request.parent.scores, TRAIN)}",
     ]
     if request.diagnostics:
         parts.append(_diagnostics(request.diagnostics))
     if specialist is not None:
         parts.append(_source(f"Specialist for {target}", specialist))
-        parts.append(f"## Specialist scores (train)\n{_score_table(specialist.scores, 'train')}")
+        parts.append(f"## Specialist scores (train)\n{_score_table(specialist.scores, TRAIN)}")
         if request.ancestor is not None:
             parts.append(
                 f"## What each side changed since their common ancestor {request.ancestor.id}\n"
@@ -290,12 +291,12 @@ def render_request(
 
 def _specialty(request: Request, specialist: CandidateView) -> str | None:
     """The capability on which ``specialist`` beats the parent most (train)."""
-    mine = specialist.scores.get("train", {}).get("by_capability", {})
-    theirs = request.parent.scores.get("train", {}).get("by_capability", {})
+    mine = specialist.scores.get(TRAIN, ScoreBlock()).by_capability
+    theirs = request.parent.scores.get(TRAIN, ScoreBlock()).by_capability
 
     def gain(cap: str) -> float:
-        a, b = mine.get(cap) or {}, theirs.get(cap) or {}
-        return float(a.get(FITNESS_KEY) or 0) - float(b.get(FITNESS_KEY) or 0)
+        a, b = mine.get(cap) or MetricRow(), theirs.get(cap) or MetricRow()
+        return float(a.fitness or 0) - float(b.fitness or 0)
 
     return max(CAPABILITIES, key=gain) if mine else None
 
@@ -360,6 +361,7 @@ class CoderProposer:
     """Proposals from a coding LLM; see the module docstring."""
 
     name = "coder"
+    builds_cases = True  # the model reads failing and differential cases
 
     def __init__(self, llm: LLMClient, fitness: Fitness, diagnose: bool = True) -> None:
         self.llm = llm

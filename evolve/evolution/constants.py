@@ -174,6 +174,7 @@ class ConstantProposer:
     """
 
     name = "random"
+    builds_cases = False  # reads constants and scores, never cases
 
     def __init__(self, seed: int = 0, index_moves: bool = True) -> None:
         self.seed = seed

@@ -9,20 +9,22 @@ child finishes; only it writes the store. With ``RunConfig.cascade`` (never for 
 child is screened on the round's minibatch first (the rules are :mod:`evolve.evolution.cascade`'s):
 
 - a child the paired test finds worse than its parent is filed ``stopped`` with its minibatch
-  scores (``scores["minibatch"]``), the reason (in its message and ``cascade``) and its seconds,
-  and costs nothing more; it is never an archive member (only ``evaluated`` ones are);
+  scores (its block under :data:`~evolve.evolution.candidate.MINIBATCH`), the reason (in its
+  message and ``cascade``) and its seconds, and costs nothing more; it is never an archive
+  member (only ``evaluated`` ones are);
 - otherwise it is *promoted*: its screen is recorded (``cascade["verdict"] == "promoted"``,
   status still ``proposed``) and it gets the full train + valid evaluation, where step reuse
   serves the minibatch conversations' steps.
 
-**Guard sets** (:mod:`evolve.datasets.guards`, the archive's rule): the seed's full
+**Guard sets** (:mod:`evolve.benches.guards`, the archive's rule): the seed's full
 evaluation covers every guard of the run too (its figures are computed once). After a round's
-children are filed, :meth:`Evaluator.guard` replays the archive; while it names a challenger
-that won valid but has no guard figures (``Archive.pending``), that one candidate is evaluated
-on the guards (phase ``guard``: the same backend, step reuse, task model and judge as valid,
-no diagnosis), its blocks filed under ``guard:<name>`` with the guard tests it met
-(``guards``), and the archive replayed again. A child the cascade stopped never reaches it, and
-only a candidate that would otherwise be promoted is ever scored on a guard.
+children are filed, :meth:`Evaluator.score_pending_on_guards` replays the archive; while it
+names a challenger that won valid but has no guard figures (``Archive.pending``), that one
+candidate is evaluated on the guards (phase ``guard``: the same backend, step reuse, task model
+and judge as valid, no diagnosis), its blocks filed under ``guard:<name>`` with the guard tests
+it met (``guards``, event ``guarded``), and the archive replayed again. A child the cascade
+stopped never reaches it, and only a candidate that would otherwise be promoted is ever scored
+on a guard.
 
 A candidate whose every question failed (a program that passes the sandbox but fails on real
 conversations) is filed ``failed`` with the first error in its message, never ``evaluated``;
@@ -30,9 +32,10 @@ the loop stops the run when that candidate is the seed.
 
 A candidate's ``seconds`` is everything its evaluations took (minibatch, full and guards).
 Resume: a child whose screen is recorded is not screened again; a judged one (:data:`JUDGED`)
-is left as it is, and :meth:`Evaluator.guard` finishes any guard evaluation an interruption cut
-off. Each evaluation logs ``evaluating`` (``phase``: ``minibatch``, ``full`` or ``guard``) when
-it starts, and ``screened``, ``evaluated`` or ``guarded`` when its result is filed.
+is left as it is, and :meth:`Evaluator.score_pending_on_guards` finishes any guard evaluation
+an interruption cut off. Each evaluation logs ``evaluating`` (``phase``: ``minibatch``,
+``full`` or ``guard``) when it starts, and ``screened``, ``evaluated`` or ``guarded`` when its
+result is filed.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ from typing import Any
 from evolve.config import SPLITS, RunConfig
 from evolve.datasets.types import TaskSet
 from evolve.evaluation.distributed import JobBackend
-from evolve.evaluation.executor import EvalError, EvalReport, ProgressFn, run_eval
+from evolve.evaluation.executor import EvalError, ProgressFn, run_eval
+from evolve.evaluation.report import EvalReport, ScoreBlock
 from evolve.evaluation.setup import EvalSetup
 from evolve.evolution.archive import archive, fitness, question_fitness
+from evolve.evolution.candidate import MINIBATCH, TRAIN, VALID
 from evolve.evolution.cascade import minibatch, verdict
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.models.llm import LLMClient
@@ -61,20 +66,9 @@ Phase = list[tuple[str, TaskSet]]  # (name the scores are filed under, tasks)
 EvalProgress = Callable[[int, str, int], ProgressFn]
 
 
-def score_block(result: EvalReport) -> dict[str, Any]:
+def score_block(result: EvalReport) -> ScoreBlock:
     """What a candidate keeps of one split's evaluation."""
-    return {
-        "fitness": result.meta["fitness"],  # the mode: name and version
-        "overall": result.scores["overall"],
-        "by_capability": result.scores["by_capability"],
-        "headline": result.scores.get("headline"),
-        "errors": result.meta["errors"],
-        "unjudged": result.meta["unjudged"],  # questions whose judge reply never parsed
-        "questions": question_fitness(result.traces),
-        "question_capabilities": {t.id: t.capability for t in result.traces},
-        "diagnostics": result.scores.get("diagnostics"),
-        "stages": result.stages,  # computed / reused per cached step
-    }
+    return ScoreBlock.of(result, question_fitness(result.traces))
 
 
 @dataclasses.dataclass
@@ -123,9 +117,9 @@ class Evaluator:
                                       "full", phase):  # fmt: skip
             if results is not None:
                 self._file(job, results)
-        self.guard()
+        self.score_pending_on_guards()
 
-    def guard(self) -> None:
+    def score_pending_on_guards(self) -> None:
         """Score each challenger the archive holds back for want of guard figures on the guards,
         one at a time, until the archive's replay needs none (see the module docstring)."""
         while (pending := archive(self.store.candidates()).pending) is not None:
@@ -143,7 +137,7 @@ class Evaluator:
                     meta.id,
                     scores={**meta.scores, **{k: score_block(r) for k, r in results.items()}},
                     usage={**meta.usage, **{k: r.usage for k, r in results.items()}},
-                    seconds=meta.seconds + sum(float(r.meta["seconds"]) for r in results.values()),
+                    seconds=meta.seconds + sum(r.meta.seconds for r in results.values()),
                 )  # fmt: skip
                 checks = archive(self.store.candidates()).checks.get(meta.id, [])
                 self.store.update(meta.id, guards=[c.as_json() for c in checks])
@@ -164,18 +158,15 @@ class Evaluator:
         return _Job(candidate, program, report)
 
     def _screen(self, jobs: list[_Job], parent: CandidateMeta) -> None:
-        batch = minibatch(parent, self.tasks("train"), self.config.minibatch)
-        theirs = {
-            q.id: v
-            for q in batch.questions
-            if (v := parent.scores["train"].get("questions", {}).get(q.id)) is not None
-        }
+        batch = minibatch(parent, self.tasks(TRAIN), self.config.minibatch)
+        per = parent.scores[TRAIN].questions
+        theirs = {q.id: per[q.id] for q in batch.questions if q.id in per}
         full = sum(len(self.tasks(s).questions) for s in SPLITS)  # fmt: skip
-        for job, results in self._run(jobs, "minibatch", [("minibatch", batch)]):
+        for job, results in self._run(jobs, "minibatch", [(MINIBATCH, batch)]):
             if results is None:
                 continue
-            result = results["minibatch"]
-            seconds = float(result.meta["seconds"])
+            result = results[MINIBATCH]
+            seconds = result.meta.seconds
             seed = f"{parent.source_sha256}|{job.candidate.source_sha256}|minibatch"
             why, mine, before = verdict(question_fitness(result.traces), theirs, seed)
             saved = seconds * full / max(1, len(batch.questions)) - seconds if why else 0.0
@@ -185,8 +176,8 @@ class Evaluator:
                       "parent_fitness": round(before, 6), "seconds": seconds,
                       "saved_seconds": round(max(0.0, saved), 3)}  # fmt: skip
             fields: dict[str, Any] = {
-                "cascade": record, "scores": {"minibatch": score_block(result)},
-                "usage": {**job.candidate.usage, "minibatch": result.usage}, "seconds": seconds,
+                "cascade": record, "scores": {MINIBATCH: score_block(result)},
+                "usage": {**job.candidate.usage, MINIBATCH: result.usage}, "seconds": seconds,
             }  # fmt: skip
             if why:
                 message = f"{job.candidate.message} [stopped: {why}]"
@@ -225,7 +216,7 @@ class Evaluator:
 
         def one(i: int, name: str, tasks: TaskSet) -> EvalReport:
             # step diagnostics steer cold start: computed for the seed and its revisions
-            diagnose = name == "train" and job.candidate.stage in ("seed", "cold_start")
+            diagnose = name == TRAIN and job.candidate.stage in ("seed", "cold_start")
             setup = dataclasses.replace(self.setup, diagnose=diagnose)
             label = f"{job.candidate.id} {name.removeprefix('guard:')}"
             row = slot * len(splits) + i
@@ -241,24 +232,24 @@ class Evaluator:
             return {name: future.result() for name, future in futures.items()}
 
     def _file(self, job: _Job, results: dict[str, EvalReport]) -> None:
-        asked = sum(int(r.meta["questions"]) for r in results.values())
-        if asked and sum(int(r.meta["errors"]) for r in results.values()) == asked:
+        asked = sum(r.meta.questions for r in results.values())
+        if asked and sum(r.meta.errors for r in results.values()) == asked:
             first = next((e for r in results.values() if (e := first_error(r.traces))), "")
             self._give_up(job.candidate, job.report, "failed",
                           f"every question failed; first: {first}"[:500])  # fmt: skip
             self.store.log_event("evaluated", candidate=job.candidate.id, valid=None)
             return
         meta = self.store.get(job.candidate.id)
-        self.store.write_traces(meta.id, "train", results["train"].traces)
+        self.store.write_traces(meta.id, TRAIN, results[TRAIN].traces)
         self.store.update(
             meta.id,
             status="evaluated",
             sandbox=job.report.as_json(),
             scores={**meta.scores, **{s: score_block(r) for s, r in results.items()}},
             usage={**meta.usage, **{s: r.usage for s, r in results.items()}},
-            seconds=meta.seconds + sum(float(r.meta["seconds"]) for r in results.values()),
+            seconds=meta.seconds + sum(r.meta.seconds for r in results.values()),
         )
-        valid = fitness(results["valid"].scores["overall"])
+        valid = fitness(results[VALID].scores.overall)
         self.store.log_event("evaluated", candidate=meta.id, valid=valid)
         self.after(meta.id)
 

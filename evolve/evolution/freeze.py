@@ -17,12 +17,13 @@ Invariants:
   frozen: a partial score would describe the machine, not the program. Traces are written to
   ``freeze-<id>/`` either way, and the step cache keeps what was computed.
 - **The test tasks match the run's.** Same restriction to the first ``conversations``
-  conversations as the loop's (:func:`evolve.evolution.loop.task_set`), the run's embedder,
+  conversations as the loop's (:func:`evolve.evolution.wiring.task_set`), the run's embedder,
   cache and task model unless the caller overrides them
-  (:func:`~evolve.evolution.loop.eval_setup`), and its judge (so the test score is the run's
-  fitness mode); the block has the shape of train/valid (``fitness``, ``overall``,
-  ``by_capability``, ``errors``). The ``frozen`` event records the sha256 of every test data
-  file read, as the manifest does for train and valid.
+  (:func:`~evolve.evolution.wiring.eval_setup`), its backend, and its judge (so the test score
+  is the run's fitness mode); the block is a :class:`~evolve.evaluation.report.ScoreBlock` of its
+  ``TEST_FIELDS`` (``fitness``, ``overall``, ``by_capability``, ``errors``). The ``frozen``
+  event records the sha256 of every test data file read, as the manifest does for train and
+  valid.
 """
 
 from __future__ import annotations
@@ -31,18 +32,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from evolve.config import ConfigError, stored_config
-from evolve.evaluation.distributed import make_backend
 from evolve.evaluation.executor import EvalError, ProgressFn, run_eval, write_run
+from evolve.evaluation.report import ScoreBlock
 from evolve.evolution.archive import fitness
-from evolve.evolution.budget import calls_path
-from evolve.evolution.export import TEST_SPLIT
-from evolve.evolution.loop import eval_setup, task_set
+from evolve.evolution.candidate import TEST
 from evolve.evolution.manifest import data_hashes
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.models.clients import role_client
+from evolve.evolution.wiring import eval_setup, job_backend, judge_client, task_set
 from evolve.trace import first_error
 
 
@@ -60,8 +58,8 @@ class Frozen:
     others: list[str]
 
     @property
-    def test(self) -> dict[str, Any]:
-        return self.meta.scores[TEST_SPLIT]
+    def test(self) -> ScoreBlock:
+        return self.meta.scores[TEST]
 
 
 Progress = Callable[[int], AbstractContextManager[ProgressFn]]
@@ -82,7 +80,7 @@ def freeze(
     keyword defaults to the run config's value."""
     meta = store.get(candidate_id)
     others = [c.id for c in store.candidates() if c.frozen and c.id != meta.id]
-    if meta.frozen and TEST_SPLIT in meta.scores:
+    if meta.frozen and TEST in meta.scores:
         return Frozen(meta, False, others)
     if meta.status != "evaluated":
         raise FreezeError(
@@ -100,7 +98,7 @@ def freeze(
                            cache_dir=cache_dir or config.cache_dir,
                            embedder=embedder or config.embedder)  # fmt: skip
     config = config.replace(data_dir=str(root))
-    tasks = task_set(config, TEST_SPLIT)
+    tasks = task_set(config, TEST)
     with progress(len(tasks.questions)) if progress else nullcontext(None) as advance:
         try:
             report = run_eval(
@@ -108,41 +106,30 @@ def freeze(
                 tasks,
                 setup,
                 on_progress=advance,
-                backend=make_backend(config.backend, jobs or config.jobs, config.ray_address),
-                judge=role_client(
-                    "judge",
-                    config.judge_model,
-                    log_path=calls_path(store.root),
-                    cache_path=Path(setup.cache_dir) / "llm-cache.sqlite",
-                    **config.llm_limits(),
-                ),
+                backend=job_backend(config, jobs),
+                judge=judge_client(config, store.root, setup.cache_dir, cached=True),
                 judge_variant=config.judge_variant,
             )
         except EvalError as exc:
             raise FreezeError(str(exc)) from None
     write_run(report, store.root / f"freeze-{meta.id}")  # traces, kept even when refused
-    if report.meta["errors"]:
+    if report.meta.errors:
         first = first_error(report.traces)
         raise FreezeError(
-            f"{report.meta['errors']} of {report.meta['questions']} test questions failed "
+            f"{report.meta.errors} of {report.meta.questions} test questions failed "
             f"(first: {first[:200]}); no test score was recorded — steps computed so far are "
             f"cached, so freeze again (traces in {store.root / f'freeze-{meta.id}'})"
         )
-    block = {
-        "fitness": report.meta["fitness"],
-        "overall": report.scores["overall"],
-        "by_capability": report.scores["by_capability"],
-        "errors": report.meta["errors"],
-    }
-    meta = store.update(meta.id, frozen=True, scores={**meta.scores, TEST_SPLIT: block})
+    block = ScoreBlock.test_block(report)
+    meta = store.update(meta.id, frozen=True, scores={**meta.scores, TEST: block})
     store.log_event(
         "frozen",
         candidate=meta.id,
-        test=fitness(block["overall"]),
+        test=fitness(block.overall),
         conversations=len(tasks.conversations),
         questions=len(tasks.questions),
         embedder=setup.embedder,
-        data=data_hashes(config, TEST_SPLIT),
+        data=data_hashes(config, TEST),
         others=others,
     )
     return Frozen(meta, True, others)

@@ -1,5 +1,10 @@
 """The evolution loop: cold start, refinement, trace-guided integration (docs/design.md §4).
 
+Owns :class:`Evolution` (the rounds, the repairs, the budget checks, the filing) and
+:func:`best_overall` / :func:`specialists`; what a run is assembled from (clients, proposer,
+strategies, evaluation setup, task sets, backend) is built from its config by
+:mod:`evolve.evolution.wiring`.
+
 One round = ask the proposer for ``RunConfig.children`` children (K; :class:`~evolve.evolution.
 proposer.Proposer`: the LLM coder when a coder model is configured, else the constant proposer),
 one after another, each checked in the sandbox (up to ``RunConfig.repairs`` repair attempts fed
@@ -7,14 +12,15 @@ by the error) and filed; then judge them together (:mod:`evolve.evolution.evalua
 concurrently on the backend, each screened on the round's train minibatch first when
 ``RunConfig.cascade`` is on, the rest on train and valid with step reuse). Selection never
 reads the test split. Train and valid are the splits of the run's bench (``RunConfig.bench``)
-that :func:`evolve.datasets.benches.run_split` names, loaded through the bench registry, so
+that its entry in the bench registry names (:meth:`evolve.benches.registry.Bench.run_split`), so
 their questions carry that bench's native capabilities.
 
 - **K children**: child ``i`` of a round gets ``Request.child == i``, so its proposal is
   deterministic in (run seed, round, child index); the earlier children's sources count as
-  known, so siblings differ. Refinement spreads the K children over capabilities
-  (:func:`~evolve.evolution.stages.refinement_targets`: the weakest gets most), integration over
-  the specialists (child i pairs with rotation r·K + i), cold start makes K revisions.
+  known, so siblings differ. Refinement spreads the K children over capabilities (the run's
+  :class:`~evolve.evolution.selection.Selection`; by default the weakest gets most),
+  integration over the specialists (child i pairs with rotation r·K + i), cold start makes K
+  revisions.
 - **Fitness** of a score block (overall, one capability, one question) is the value of the run's
   fitness mode (:meth:`~evolve.config.RunConfig.fitness`, :mod:`evolve.scoring.fitness`):
   evidence coverage offline, the judged score with a task model and a judge, answer F1 with a
@@ -31,7 +37,7 @@ their questions carry that bench's native capabilities.
   program files nothing and logs ``proposal_failed``. Each candidate records the errors of its
   earlier attempts and what its proposal and evaluations spent (and took: ``seconds``).
 
-- **Guard sets** (``RunConfig.guards``, :mod:`evolve.datasets.guards`): data the loop never
+- **Guard sets** (``RunConfig.guards``, :mod:`evolve.benches.guards`): data the loop never
   diagnoses, builds cases from, annotates or shows a proposer; the seed is scored on them once,
   and a challenger that wins valid must also be not worse there than the holder it replaces
   (the archive's rule; the evaluator scores it on the guards only then).
@@ -68,32 +74,27 @@ from pathlib import Path
 from typing import Any
 
 from evolve.config import SPLITS, STAGES, RunConfig
-from evolve.datasets.benches import load_taskset, run_split
-from evolve.datasets.guards import load_guard, parse_guard
 from evolve.datasets.types import TaskSet
-from evolve.evaluation.conversation import pipeline_version
-from evolve.evaluation.distributed import JobBackend, make_backend
+from evolve.evaluation.distributed import JobBackend
 from evolve.evaluation.executor import EvalError
-from evolve.evaluation.prompts import extraction_windows
-from evolve.evaluation.setup import EvalSetup, make_embedder, reset_endpoint
-from evolve.evaluation.stepcache import StepKeys, StepStore
+from evolve.evaluation.identity import pipeline_version
+from evolve.evaluation.report import ScoreBlock
+from evolve.evaluation.setup import reset_endpoint
+from evolve.evaluation.stepcache import program_steps
 from evolve.evolution.annotate import Labels, annotate
 from evolve.evolution.archive import archive
-from evolve.evolution.budget import Budget, Workload, calls_path, read_spend
-from evolve.evolution.cases import CASE_CHARS, UnitsOf, differential_cases, failing_cases
-from evolve.evolution.coder import CoderProposer, render_request, system_prompt
-from evolve.evolution.constants import ConstantProposer
+from evolve.evolution.budget import Budget, calls_path, read_spend
+from evolve.evolution.candidate import TRAIN, VALID
+from evolve.evolution.cases import UnitsOf, differential_cases, failing_cases
 from evolve.evolution.evaluator import EvalProgress, Evaluator, Phase
-from evolve.evolution.proposer import CandidateView, Proposal, Proposer, Request
+from evolve.evolution.proposer import CandidateView, Proposal, Request
 from evolve.evolution.routing import compare
-from evolve.evolution.stages import common_ancestor, history, partners, refinement_targets
+from evolve.evolution.stages import common_ancestor, history, partners
 from evolve.evolution.store import CandidateMeta, RunStore
-from evolve.evolution.tpe import constant_proposer
-from evolve.models.clients import role_client
+from evolve.evolution.wiring import assemble, guard_sets, job_backend, task_set
 from evolve.models.llm import LLMClient
 from evolve.models.spendcap import Caps, SpendCapReached, write_caps
 from evolve.models.usage import Tally
-from evolve.scoring.answers import make_scorer
 from evolve.trace import QuestionTrace
 from sandbox.check import CheckReport, check_program
 from sandbox.fingerprint import fingerprints
@@ -109,66 +110,17 @@ def specialists(candidates: list[CandidateMeta]) -> dict[str, CandidateMeta]:
     return archive(candidates).specialists
 
 
-def eval_setup(config: RunConfig, run_root: Path, call_prefix: str, **changes: Any) -> EvalSetup:
-    """What the evaluation workers of a run need (the one place it is built from a config):
-    the run's cache, task model and embedder; LLM calls go to the run's call log, so they
-    count in its spend. ``changes`` override fields (``cache_dir``, ``embedder``, ...)."""
-    fields: dict[str, Any] = {
-        "cache_dir": config.cache_dir, "task_model": config.task_model,
-        "embedder": config.embedder, "call_prefix": call_prefix,
-        "calls_log": str(calls_path(run_root)), "reuse": config.reuse,
-        "llm_concurrency": config.llm_concurrency, "llm_timeout": config.llm_timeout,
-    }  # fmt: skip
-    return EvalSetup(**{**fields, **changes})
-
-
-def task_set(config: RunConfig, split: str) -> TaskSet:
-    """A run's ``split`` (train, valid or test) of its bench, as the bench's registry names it
-    (:func:`~evolve.datasets.benches.run_split`): only its first ``config.conversations``
-    conversations."""
-    data_dir = Path(config.data_dir)
-    tasks = load_taskset(config.bench, data_dir, run_split(config.bench, data_dir, split))
-    return tasks.first(config.conversations)
-
-
-def guard_sets(config: RunConfig) -> Phase:
-    """A run's guards as (scores key, task set); DataError (one line) for a guard that does not
-    load or shares a conversation with the run's train or valid."""
-    run = [task_set(config, split) for split in SPLITS]
-    guards = [parse_guard(spec) for spec in config.guards]
-    return [(g.key, load_guard(g, Path(config.data_dir), run)) for g in guards]
-
-
-def workload(config: RunConfig) -> Workload:
-    """A run's model work, counted from its data (for ``evolve run --dry-run``)."""
-    windows = chars = questions = judged = 0
-    scorer = make_scorer(config.bench, None)
-    for split in SPLITS:
-        tasks = task_set(config, split)
-        questions += len(tasks.questions)
-        judged += sum(scorer.max_judge_calls(q) for q in tasks.questions)
-        for segment in (s for c in tasks.conversations for s in c.sessions):
-            for window in extraction_windows(segment):
-                windows += 1
-                chars += sum(len(m.content) for m in window.messages)
-    seed = CandidateView("seed", Path(config.seed_program).read_text(), {})
-    prompt = system_prompt(config.fitness()) + render_request(Request("refinement", 0, seed, "F"))
-    rounds = sum(config.rounds.values())
-    return Workload(rounds, rounds * config.children + 1, windows, chars, questions,
-                    len(prompt) + 4 * CASE_CHARS, config.repairs, judged,
-                    config.children)  # fmt: skip
-
-
 Progress = Callable[[str, int, int], None]  # (description, rounds done, rounds in total)
 
 
 class Evolution:
     """Runs (or resumes) the loop of one run store.
 
-    ``coder`` and ``annotator`` replace the clients built from ``config.coder_model``, and
-    ``judge`` the one built from ``config.judge_model`` (tests pass a
-    :class:`~evolve.models.testing.ScriptedLLM` logging to the run's call log);
-    ``task_script`` makes the evaluation workers answer task prompts from a script (tests only).
+    Its parts come from :func:`~evolve.evolution.wiring.assemble`: ``coder`` and ``annotator``
+    replace the clients built from ``config.coder_model``, and ``judge`` the one built from
+    ``config.judge_model`` (tests pass a :class:`~evolve.models.testing.ScriptedLLM` logging to
+    the run's call log); ``task_script`` makes the evaluation workers answer task prompts from
+    a script (tests only).
     """
 
     def __init__(
@@ -188,44 +140,23 @@ class Evolution:
         self.progress = progress or (lambda *_: None)
         self.stopped: str | None = None  # why the run stopped before its last round
         self.budget = Budget(config.max_usd, config.max_tokens)
-        injected_coder = coder is not None
-        log, cache = calls_path(store.root), Path(config.cache_dir) / "llm-cache.sqlite"
-        if coder is None:
-            coder = role_client("coder", config.coder_model, log_path=log, cache_path=cache,
-                                **config.llm_limits())  # fmt: skip
-        self.coder = coder
-        self.proposer: Proposer = (
-            CoderProposer(coder, config.fitness())
-            if coder is not None
-            else constant_proposer(config, store.root)
-        )
-        # the constant proposer reads constants and scores, never cases: none are built for it
-        self.builds_cases = not isinstance(self.proposer, ConstantProposer)
+        parts = assemble(config, store.root, coder=coder, annotator=annotator, judge=judge,
+                         task_script=task_script)  # fmt: skip
+        self.coder, self.annotator, self.judge = parts.coder, parts.annotator, parts.judge
+        self.proposer, self.selection = parts.proposer, parts.selection
+        self.case_order, self.setup, self.embedder = parts.case_order, parts.setup, parts.embedder
         self._backend: JobBackend | None = None  # started on the first evaluation
-        self.judge = judge or role_client("judge", config.judge_model, log_path=log,
-                                          cache_path=cache if config.reuse else None,
-                                          **config.llm_limits())  # fmt: skip
-        self.setup = eval_setup(config, store.root, "evolve", script=task_script)
         self.evaluator = Evaluator(store, config, self.setup, self.judge, lambda: self.backend,
                                    self.tasks, self.compare_routing, eval_progress,
                                    self.guards)  # fmt: skip
         self._tasks: dict[str, TaskSet] = {}
         self._guards: Phase | None = None
-        self.embedder = make_embedder(config.embedder, config.cache_dir)  # for compact cases
         self._labels: dict[str, Labels] | None = None
-        # The coder's model labels the tasks; without one (or with an injected coder and no
-        # injected annotator) the native map stands in, and the "annotated" event says so.
-        if annotator is None and not injected_coder:
-            annotator = role_client("annotator", config.coder_model, log_path=log,
-                                    cache_path=cache, **config.llm_limits())  # fmt: skip
-        self.annotator = annotator
 
     @property
     def backend(self) -> JobBackend:
         if self._backend is None:
-            self._backend = make_backend(
-                self.config.backend, self.config.jobs, self.config.ray_address
-            )
+            self._backend = job_backend(self.config)
         return self._backend
 
     def tasks(self, split: str) -> TaskSet:
@@ -234,8 +165,8 @@ class Evolution:
         return self._tasks[split]
 
     def guards(self) -> Phase:
-        """The run's guards (:func:`guard_sets`), loaded on first use; the evaluator alone reads
-        them."""
+        """The run's guards (:func:`~evolve.evolution.wiring.guard_sets`), loaded on first use;
+        the evaluator alone reads them."""
         if self._guards is None:
             self._guards = guard_sets(self.config)
         return self._guards
@@ -333,8 +264,7 @@ class Evolution:
         labels = self.labels()
         target = None
         if stage == "refinement" and not holistic:
-            target = refinement_targets(parent, candidates, labels, self.config.selection,
-                                        stage_round, k)[child]  # fmt: skip
+            target = self.selection.targets(parent, candidates, labels, stage_round, k)[child]
         train = self.tasks("train")
         traces = self.store.traces(parent.id, "train")
         others = [] if holistic or stage != "integration" else partners(
@@ -345,11 +275,11 @@ class Evolution:
         if others:
             common = common_ancestor(candidates, parent, others[0])
             ancestor = self._program(common) if common is not None else None
-        if others and self.builds_cases:
+        if others and self.proposer.builds_cases:
             differential = differential_cases(
                 traces, self.store.traces(others[0].id, "train"), train, self.embedder
             )
-        if self.builds_cases:
+        if self.proposer.builds_cases:
             cases = self._failing_cases(parent, traces, target, labels, round_no)
         return Request(
             stage=stage,
@@ -361,7 +291,7 @@ class Evolution:
             history=history(candidates, labels, target),
             ancestor=ancestor,
             differential=differential,
-            diagnostics=parent.scores["train"].get("diagnostics"),
+            diagnostics=parent.scores[TRAIN].diagnostics,
             known=frozenset(c.source_sha256 for c in candidates) | siblings,
             child=child,
             siblings=siblings,
@@ -382,13 +312,14 @@ class Evolution:
         labels: dict[str, Labels],
         round_no: int,
     ) -> tuple[dict[str, Any], ...]:
-        """The parent's failing train cases (``config.cases``: worst or a seeded random draw)."""
+        """The parent's failing train cases, in the run's case order (``config.cases``: the
+        worst first, or a draw seeded by the run seed and the round)."""
         return failing_cases(
             traces,
             self.tasks("train"),
             target,
             labels=labels,
-            mode=self.config.cases,
+            order=self.case_order,
             seed=f"{self.config.rng_seed}:{round_no}",
             embedder=self.embedder,
             units_of=self._units_of(self.store.source(parent.id)),
@@ -397,19 +328,17 @@ class Evolution:
     def _units_of(self, source: str) -> UnitsOf:
         """Where a case finds the units the program extracted from a train session: the step
         store (trusted side), under the program's own extraction keys."""
-        fps = fingerprints(source)
-        keys = StepKeys(fps, self.setup.model_sig, self.config.embedder, pipeline_version())
-        stages = StepStore(Path(self.config.cache_dir) / "stages", version=keys.pipeline_version)
+        keys, steps = program_steps(self.setup, fingerprints(source), pipeline_version())
         convs = {c.id: c for c in self.tasks("train").conversations}
 
         def units(conv_id: str, i: int) -> list[dict[str, Any]] | None:
-            found = stages.get_json("extract", keys.extract(convs[conv_id].sessions[i].digest()))
+            found = steps.get_json("extract", keys.extract(convs[conv_id].sessions[i].digest()))
             return None if found is None else list(found)
 
         return units
 
     def _program(self, meta: CandidateMeta) -> CandidateView:
-        train = {"train": meta.scores.get("train", {})}  # proposers see train scores only
+        train = {TRAIN: meta.scores.get(TRAIN, ScoreBlock())}  # proposers see train scores only
         return CandidateView(meta.id, self.store.source(meta.id), train, meta.message)
 
     def round(self, stage: str, round_no: int, stage_round: int = 0) -> None:
@@ -489,6 +418,6 @@ class Evolution:
             return
         kept = archive([c for c in self.store.candidates() if c.id != candidate_id])
         result = compare(meta, kept, self.tasks("valid"), self.annotator)
-        valid = {**meta.scores["valid"], "routing": result}
-        self.store.update(candidate_id, scores={**meta.scores, "valid": valid})
+        valid = meta.scores[VALID].model_copy(update={"routing": result})
+        self.store.update(candidate_id, scores={**meta.scores, VALID: valid})
         self.store.log_event("routing", candidate=candidate_id, **result)

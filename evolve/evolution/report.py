@@ -139,18 +139,18 @@ def _cache_rates(candidates: list[CandidateMeta]) -> dict[str, dict[str, Any]]:
     recorded = False
     for c in candidates:
         for block in c.scores.values():
-            for stage, counts in (block.get("stages") or {}).items():
-                if stage in totals:
+            for step, counts in block.steps.items():
+                if step in totals:
                     recorded = True
-                    totals[stage]["computed"] += int(counts.get("computed", 0))
-                    totals[stage]["reused"] += int(counts.get("reused", 0))
+                    totals[step]["computed"] += int(counts.get("computed", 0))
+                    totals[step]["reused"] += int(counts.get("reused", 0))
     out: dict[str, dict[str, Any]] = {}
-    for stage, t in totals.items():
+    for step, t in totals.items():
         n = t["computed"] + t["reused"]
         if not recorded:  # a run made before step counts were kept
-            out[stage] = {"computed": None, "reused": None, "hit_rate": None}
+            out[step] = {"computed": None, "reused": None, "hit_rate": None}
         else:
-            out[stage] = {**t, "hit_rate": t["reused"] / n if n else None}
+            out[step] = {**t, "hit_rate": t["reused"] / n if n else None}
     return out
 
 
@@ -239,8 +239,8 @@ def watch(
     while True:
         now = status(store)
         seen = tuple((c.id, c.status) for c in store.candidates())
-        state = (seen, now["stage"], now["round"], now["stopped"])
-        finished = now["stage"] == "finished" or now["stopped"] is not None
+        state = (seen, now.stage, now.round, now.stopped)
+        finished = now.stage == "finished" or now.stopped is not None
         if finished or state != last:
             write_report(store, target, None if finished else seconds)
             on_write(finished)

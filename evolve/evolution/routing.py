@@ -20,7 +20,7 @@ from typing import Any
 from evolve.datasets.types import CAPABILITIES, TaskSet
 from evolve.evolution.annotate import DEFINITIONS
 from evolve.evolution.archive import Archive, fitness
-from evolve.evolution.store import CandidateMeta
+from evolve.evolution.candidate import VALID, CandidateMeta
 from evolve.models.llm import LLMClient
 
 PROMPT = """Which capability does a memory system mainly need to answer this question?
@@ -40,7 +40,7 @@ def routed_fitness(routes: dict[str, str], kept: Archive) -> float | None:
     values = []
     for qid, cap in routes.items():
         holder = kept.specialists.get(cap, kept.best)
-        score = (holder.scores["valid"].get("questions") or {}).get(qid)
+        score = holder.scores[VALID].questions.get(qid)
         if score is not None:
             values.append(score)
     return sum(values) / len(values) if values else None
@@ -70,7 +70,7 @@ def compare(
     integrated: CandidateMeta, kept: Archive, valid: TaskSet, llm: LLMClient | None
 ) -> dict[str, Any]:
     """The integrated program's valid fitness beside both routers' (over the same questions)."""
-    scored = integrated.scores["valid"].get("questions") or {}
+    scored = integrated.scores[VALID].questions
     oracle = {q.id: q.capability for q in valid.questions if q.id in scored}
     asked = question_routes(valid, llm)
     question = None if asked is None else {q: c for q, c in asked.items() if q in scored}

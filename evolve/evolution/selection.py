@@ -1,14 +1,19 @@
 """Which capability a refinement round targets (docs/design.md §4, stage 2).
 
-Owns :func:`capability_fitness`, :func:`ranking` and :func:`dependency_aware` (the default),
-:func:`round_robin` (an ablation) and :func:`spread` (K children of one round over the ranked
-capabilities). All are deterministic functions of their inputs.
+Owns the :class:`Selection` protocol (what ``RunConfig.selection`` / ``--selection`` names) and
+its two strategies, :class:`DependencyAware` (``dependency``, the default) and
+:class:`RoundRobin` (``round-robin``, an ablation), with what they rank by:
+:func:`capability_fitness`, :func:`train_by_capability`, :func:`ranking`,
+:func:`dependency_aware`, :func:`round_robin` and :func:`spread` (K children of one round over
+the ranked capabilities). All are deterministic functions of their inputs, so a replayed round
+gets the targets the interrupted one got; a strategy object holds no state.
 
 - **Capability fitness** on train groups the parent's per-question train fitness by each task's
   *primary* label (annotated, or native without an annotator).
 - **Dependency-aware**: weak capabilities, and ones that many tasks need as a *secondary*
   capability, go first: priority(c) = (1 − fitness(c)) × (1 + share of train tasks listing c as
-  secondary). A capability refined in the previous round without any gain for it drops behind
+  secondary). A capability is *stalled* when the last refinement round (its K latest refinement
+  candidates) worked on it without any child raising its own train fitness; it drops behind
   the others for one round, so the loop does not keep hammering a capability it cannot move.
   Ties go to the order F, T, P, M, A.
 - **Spread** of K children: the first capability of the ranking gets ceil(K/2) children, the
@@ -21,9 +26,73 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
+from typing import Protocol
 
 from evolve.datasets.types import CAPABILITIES
+from evolve.evaluation.report import ScoreBlock
 from evolve.evolution.annotate import Labels
+from evolve.evolution.archive import fitness
+from evolve.evolution.candidate import TRAIN, CandidateMeta
+
+
+class Selection(Protocol):
+    """How a refinement round picks the capability each of its children works on
+    (``RunConfig.selection`` names one, by its ``name``)."""
+
+    name: str
+
+    def targets(
+        self,
+        parent: CandidateMeta,
+        candidates: list[CandidateMeta],
+        labels: dict[str, Labels],
+        refinements_done: int,
+        k: int,
+    ) -> list[str]:
+        """The target of each of the round's ``k`` children (the round's parent ``parent``,
+        the run's ``candidates`` so far, the train and valid ``labels``; ``refinements_done``:
+        refinement rounds before this one)."""
+        ...
+
+
+class DependencyAware:
+    """The default: :func:`spread` over the :func:`ranking` of the parent's train fitness per
+    capability, stalled capabilities last (see the module docstring)."""
+
+    name = "dependency"
+
+    def targets(
+        self,
+        parent: CandidateMeta,
+        candidates: list[CandidateMeta],
+        labels: dict[str, Labels],
+        refinements_done: int,
+        k: int,
+    ) -> list[str]:
+        stalled = _stalled(candidates, labels, k)
+        per_question = parent.scores[TRAIN].questions
+        if not per_question:  # evaluated before per-question scores were kept
+            by_cap = train_by_capability(parent, labels)
+            ranked = sorted(by_cap, key=lambda cap: (cap in stalled, by_cap[cap], cap))
+            return spread(ranked, k)
+        return spread(ranking(per_question, labels, stalled), k)
+
+
+class RoundRobin:
+    """An ablation: the next ``k`` capabilities of F, T, P, M, A in turn, whatever the
+    scores."""
+
+    name = "round-robin"
+
+    def targets(
+        self,
+        parent: CandidateMeta,
+        candidates: list[CandidateMeta],
+        labels: dict[str, Labels],
+        refinements_done: int,
+        k: int,
+    ) -> list[str]:
+        return [round_robin(refinements_done * k + i) for i in range(k)]
 
 
 def capability_fitness(
@@ -73,3 +142,29 @@ def spread(ranked: list[str], k: int) -> list[str]:
 
 def round_robin(refinements_done: int) -> str:
     return CAPABILITIES[refinements_done % len(CAPABILITIES)]
+
+
+def train_by_capability(c: CandidateMeta, labels: dict[str, Labels]) -> dict[str, float]:
+    """A candidate's train fitness per capability (by primary label where it kept per-question
+    fitness, else its stored rows)."""
+    train = c.scores.get(TRAIN, ScoreBlock())
+    if train.questions:
+        return capability_fitness(train.questions, labels)
+    return {cap: fitness(row) for cap, row in train.by_capability.items()}
+
+
+def _stalled(candidates: list[CandidateMeta], labels: dict[str, Labels], k: int) -> set[str]:
+    """Capabilities the last refinement round (its ``k`` latest refinement candidates) worked
+    on without raising them: no child of that capability was evaluated with a gain for it."""
+    by_id = {c.id: c for c in candidates}
+    last = [c for c in candidates if c.stage == "refinement" and c.capability is not None][-k:]
+    tried, gained = set(), set()
+    for c in last:
+        assert c.capability is not None
+        tried.add(c.capability)
+        before = by_id.get(c.parents[0]) if c.parents else None
+        if c.status == "evaluated" and before is not None:
+            old = train_by_capability(before, labels).get(c.capability, 0.0)
+            if train_by_capability(c, labels).get(c.capability, 0.0) > old:
+                gained.add(c.capability)
+    return tried - gained

@@ -9,8 +9,7 @@ Owns the on-disk layout of a run, ``<runs_dir>/<run-id>/``::
     candidates/<id>.<split>.jsonl.gz   its per-question traces on a split (train), for diagnosis
     claims/c<NNNN>         empty; created with O_EXCL to reserve candidate number NNNN
     run.lock               held (flock) by the one process evolving the run; holds its PID
-    index.sqlite           table ``events`` (a run from before may also hold a ``candidates``
-                           table; nothing reads it)
+    index.sqlite           the event log (:mod:`evolve.evolution.eventlog`)
 
 Invariants:
 
@@ -23,11 +22,10 @@ Invariants:
 - A candidate exists iff its ``.json`` exists. :meth:`RunStore.add_candidate` writes the ``.py``,
   then the ``.json``, both before it returns.
 - The files are the truth and every read of a candidate goes to them. Events live only in
-  SQLite, and a resume reads them (a round's own children are found by their ``proposed``
-  events): losing ``index.sqlite`` loses the event log, never a candidate or the state, but a
-  resume then cannot tell an interrupted round's children from earlier candidates. An index
-  SQLite calls corrupt is moved aside (``index.sqlite.corrupt-<time>``) and a fresh one
-  started, said once.
+  the event log, and a resume reads them (a round's own children are found by their
+  ``proposed`` events): losing ``index.sqlite`` loses the event log, never a candidate or the
+  state, but a resume then cannot tell an interrupted round's children from earlier
+  candidates. A damaged index is set aside when the run is opened, before any work on it.
 - Damaged files never take a run down: each is reported, never fatal. A candidate is read only
   if its ``.json`` validates and names itself, and its ``.py`` is there with the recorded sha256
   (the rules of :mod:`evolve.evolution.candidate`: a record's fields match its checksum);
@@ -49,8 +47,9 @@ Invariants:
   Readers (status, report, export) take no lock.
 - Adding a source already in the run (same sha256) returns the existing candidate; two
   writers adding the same new source at the same moment may both succeed.
-- No secrets on disk: the manifest, every metadata write and every event go through
-  :func:`scrub_secrets`. Sources are stored verbatim; ``state.json`` is written as given (JSON).
+- No secrets on disk: the manifest, every metadata write (its records as plain JSON) and
+  every event go through :func:`scrub_secrets`. Sources are stored verbatim; ``state.json``
+  is written as given (JSON).
 """
 
 from __future__ import annotations
@@ -61,12 +60,11 @@ import hashlib
 import json
 import os
 import re
-import sqlite3
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from pydantic_core import to_jsonable_python
 
 from evolve.evolution.candidate import STATUSES as STATUSES  # re-exported
 from evolve.evolution.candidate import (
@@ -76,27 +74,18 @@ from evolve.evolution.candidate import (
     sealed,
     source_problem,
 )
+from evolve.evolution.eventlog import EventLog
 from evolve.evolution.runstate import finished_rounds, state_problem
 from evolve.files import write_atomic
-from evolve.models import damaged, is_corrupt, open_wal, set_aside, why
+from evolve.models import damaged, why
 from evolve.scrub import REDACTED as REDACTED  # re-exported
 from evolve.scrub import scrub_secrets
 from evolve.trace import QuestionTrace, read_trace
-
-T = TypeVar("T")
-
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _META_FILE = re.compile(r"c(\d{4,})-[0-9a-f]{8}\.json")
 _CREATE_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 _IMMUTABLE = frozenset({"id", "number", "source_sha256"})
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
-"""
 
 
 class RunNotFound(Exception):
@@ -126,7 +115,7 @@ class RunStore:
         self.run_id = self.root.name
         self._candidates = self.root / "candidates"
         self._claims = self.root / "claims"
-        self._index = self.root / "index.sqlite"
+        self._log = EventLog(self.root / "index.sqlite")
         self._lock_fd: int | None = None  # the run's lock, while this process holds it
 
     # --- runs ---
@@ -150,8 +139,7 @@ class RunStore:
         store = cls(root)
         store._candidates.mkdir()
         store._claims.mkdir()
-        with store._db():
-            pass
+        store._log.transact(lambda _conn: None)
         body = {**scrub_secrets(manifest), "run_id": run_id, "created": time.time()}
         write_atomic(root / "manifest.json", _dump(body))
         return store
@@ -200,7 +188,7 @@ class RunStore:
             raise RunNotFound(f"run {run_id!r} in {runs_dir} has no manifest.json") from None
         except (OSError, ValueError) as exc:
             raise RunNotFound(f"run {run_id!r}: manifest {path} is damaged ({why(exc)})") from None
-        store._transact(lambda _conn: None)
+        store._log.transact(lambda _conn: None)  # a damaged index is set aside now
         return store
 
     @staticmethod
@@ -266,12 +254,14 @@ class RunStore:
         return self._write_meta(meta)
 
     def update(self, candidate_id: str, **fields: Any) -> CandidateMeta:
-        """Change some fields (validated; ``id``, ``number`` and ``source_sha256`` are fixed)."""
+        """Change some fields (validated; ``id``, ``number`` and ``source_sha256`` are fixed);
+        a field may be given as records (score blocks) or as their JSON."""
         fixed = _IMMUTABLE & fields.keys()
         if fixed:
             raise ValueError(f"cannot change {', '.join(sorted(fixed))} of a candidate")
         old = self.get(candidate_id)
-        meta = CandidateMeta.model_validate(scrub_secrets({**old.model_dump(), **fields}))
+        changed = to_jsonable_python(fields)
+        meta = CandidateMeta.model_validate(scrub_secrets({**old.model_dump(), **changed}))
         return self._write_meta(meta)
 
     def get(self, candidate_id: str) -> CandidateMeta:
@@ -328,19 +318,12 @@ class RunStore:
     # --- events and state ---
 
     def log_event(self, kind: str, **data: Any) -> None:
-        """Append an event (``data`` must be JSON; it is scrubbed of secrets)."""
-        row = (time.time(), kind, json.dumps(scrub_secrets(data), ensure_ascii=False))
-        self._transact(lambda c: c.execute("INSERT INTO events (ts, kind, data) VALUES (?, ?, ?)",
-                                           row))  # fmt: skip
+        """Append an event to the run's log (:meth:`EventLog.log`)."""
+        self._log.log(kind, **data)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Events in logging order, each ``{"id", "ts", "kind", "data"}``; optionally one kind."""
-        sql = "SELECT id, ts, kind, data FROM events"
-        args: tuple[str, ...] = ()
-        if kind is not None:
-            sql, args = sql + " WHERE kind = ?", (kind,)
-        rows = self._transact(lambda c: c.execute(sql + " ORDER BY id", args).fetchall())
-        return [{"id": i, "ts": ts, "kind": k, "data": json.loads(d)} for i, ts, k, d in rows]
+        """The run's events in logging order, optionally of one kind (:meth:`EventLog.events`)."""
+        return self._log.events(kind)
 
     def load_state(self, children: int | None = None) -> dict[str, Any]:
         """The loop's saved cursor, ``{}`` before the first :meth:`save_state`. A damaged one
@@ -371,40 +354,6 @@ class RunStore:
         write_atomic(self.root / "state.json", _dump(state))
 
     # --- internals ---
-
-    def _transact(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """``work`` in one transaction on the index. An index SQLite calls corrupt is set aside,
-        said once, and ``work`` runs on a fresh one."""
-        try:
-            with self._db() as conn:
-                return work(conn)
-        except sqlite3.DatabaseError as exc:
-            if not is_corrupt(exc):
-                raise
-            moved = set_aside(self._index)
-            where = f"moved to {moved.name}" if moved else "replaced"
-            damaged(f"run index {self._index} is unreadable ({exc}): {where} and rebuilt "
-                    "(its event log is lost; the candidates are in their files)")  # fmt: skip
-        with self._db() as conn:
-            return work(conn)
-
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        """A fresh connection for one transaction (committed on success), closed afterwards.
-
-        Not :func:`evolve.models.sqlite_connection`: that keeps one connection per file for the
-        process's lifetime, which would keep writing to an index file that was deleted.
-        """
-        if not self._index.exists():  # a stale WAL must not be replayed into a new index
-            for suffix in ("-wal", "-shm"):
-                Path(f"{self._index}{suffix}").unlink(missing_ok=True)
-        conn = open_wal(self._index)
-        try:
-            conn.executescript(SCHEMA)
-            with conn:
-                yield conn
-        finally:
-            conn.close()
 
     def _meta_paths(self) -> list[Path]:
         """The candidates' ``.json`` files in number order (temporary files never match)."""

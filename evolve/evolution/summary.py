@@ -1,6 +1,9 @@
-"""A run seen from outside: JSON-ready summaries of runs, candidates and their ancestry.
+"""A run seen from outside: summaries of runs, candidates and their ancestry.
 
-Used by the inspect commands (:mod:`evolve.cli.inspect`) and by exports (:mod:`.export`). Nothing
+Owns the views the inspect commands (:mod:`evolve.cli.inspect`), exports (:mod:`.export`) and
+the run report show: :class:`Figures` (one score row's figures), :class:`RunStatus`,
+:class:`Transfer`, :class:`CandidateRow` and :class:`Evaluation`, each typed, with
+``as_json()`` for ``--json`` output, and the functions that derive them. Nothing
 here writes to a run. Everything is derived from the store on each call — best overall and
 specialists come from :func:`~evolve.evolution.archive.archive` (the loop's own selection),
 spend from the call log — so a summary can never disagree with the run it describes. Fitness is
@@ -17,22 +20,30 @@ program gained and where it lost), the one table ``run``, ``status``, ``programs
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from evolve.benches.guards import KEY_PREFIX as GUARD_PREFIX
 from evolve.config import STAGES
-from evolve.datasets.guards import KEY_PREFIX as GUARD_PREFIX
 from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
+from evolve.evaluation.report import (
+    Diagnostics,
+    FitnessMode,
+    MetricRow,
+    ReportMeta,
+    ScoreBlock,
+    read_report,
+)
 from evolve.evolution.archive import Archive, archive, fitness, guard_keys
 from evolve.evolution.budget import read_spend
+from evolve.evolution.candidate import TEST, TRAIN, VALID
 from evolve.evolution.cascade import saved_seconds
 from evolve.evolution.store import STATUSES, CandidateMeta, DamagedFile, RunNotFound, RunStore
 from evolve.models import damaged, why
 from evolve.scoring import fmt_score
-from evolve.scoring.ceiling import KEY as CEILING_KEY
 from evolve.scoring.fitness import mode_of, retrieval_fitness
 
 
@@ -40,46 +51,56 @@ def local_time(ts: float | None) -> str | None:
     return None if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def scores(block: dict[str, Any] | None) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class Figures:
     """Fitness (the run's mode), retrieval fitness (evidence coverage) and its ceiling, evidence
-    similarity and hit rate of one score block (None where missing)."""
-    block = block or {}
-    return {
-        "fitness": fitness(block) if block else None,
-        "retrieval_fitness": retrieval_fitness(block) if block else None,
-        "ceiling": block.get(CEILING_KEY),
-        "similarity": block.get("evidence_similarity"),
-        "hit_rate": block.get("evidence_hit_rate"),
-    }
+    similarity and hit rate of one score row (None where missing)."""
+
+    fitness: float | None = None
+    retrieval_fitness: float | None = None
+    ceiling: float | None = None
+    similarity: float | None = None
+    hit_rate: float | None = None
+
+    def as_json(self) -> dict[str, float | None]:
+        return asdict(self)
 
 
-def fitness_mode(manifest: dict[str, Any]) -> dict[str, Any]:
+def figures(row: MetricRow | None) -> Figures:
+    """The :class:`Figures` of one score row (all None for none, or an empty one)."""
+    if row is None or row.is_empty():
+        return Figures()
+    return Figures(fitness(row), retrieval_fitness(row.as_scores()), row.ceiling,
+                   row.metric("evidence_similarity"), row.metric("evidence_hit_rate"))  # fmt: skip
+
+
+def fitness_mode(manifest: dict[str, Any]) -> FitnessMode:
     """The fitness a run selects on, as its manifest records it (runs from before modes were
     recorded selected on ``retrieval``)."""
-    return manifest.get("fitness") or {"name": mode_of(None), "version": None}
+    recorded = manifest.get("fitness")
+    return (
+        FitnessMode.model_validate(recorded)
+        if recorded
+        else FitnessMode(name=mode_of(None), version=None)
+    )
 
 
-def split_fitness(
-    meta: CandidateMeta, split: str = "valid", cap: str | None = None
-) -> float | None:
-    """Fitness on a split, overall or on one capability; None when not scored there."""
+def _row(meta: CandidateMeta, split: str, cap: str | None) -> MetricRow | None:
     block = meta.scores.get(split)
-    if not block:
-        return None
-    part = block["overall"] if cap is None else block["by_capability"].get(cap)
-    return None if part is None else fitness(part)
+    return None if block is None or block.is_empty() else block.row(cap)
 
 
-def split_ceiling(
-    meta: CandidateMeta, split: str = "valid", cap: str | None = None
-) -> float | None:
+def split_fitness(meta: CandidateMeta, split: str = VALID, cap: str | None = None) -> float | None:
+    """Fitness on a split, overall or on one capability; None when not scored there."""
+    row = _row(meta, split, cap)
+    return None if row is None else fitness(row)
+
+
+def split_ceiling(meta: CandidateMeta, split: str = VALID, cap: str | None = None) -> float | None:
     """The coverage ceiling of a split (overall or one capability) as the candidate's
     evaluation recorded it; None where it was not scored there or before ceilings were kept."""
-    part = (meta.scores.get(split) or {}).get("overall" if cap is None else "by_capability")
-    if cap is not None:
-        part = (part or {}).get(cap)
-    value = (part or {}).get(CEILING_KEY)
-    return float(value) if isinstance(value, int | float) else None
+    row = _row(meta, split, cap)
+    return None if row is None else row.ceiling
 
 
 def ancestry(store: RunStore, candidate_id: str) -> list[CandidateMeta]:
@@ -121,7 +142,73 @@ def runs(runs_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def status(store: RunStore) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TransferRow:
+    """One split of :class:`Transfer`: valid or a guard (its name), the seed's and the
+    program's fitness, their difference, and the seed's ceiling (None where not scored)."""
+
+    split: str
+    guard: bool
+    seed: float | None
+    program: float | None
+    delta: float | None
+    ceiling: float | None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A program (the best, or a candidate) beside the seed on valid and on each guard, and
+    the candidates a guard held back (id -> reasons)."""
+
+    program: str
+    role: str  # "best" or "candidate"
+    seed: str
+    rows: list[TransferRow]
+    held_back: dict[str, list[str]]
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """Where a run stands (:func:`status`); ``as_json()`` is ``evolve status --json``."""
+
+    run: str
+    created: float | None
+    created_local: str | None
+    config: dict[str, Any]
+    stage: str
+    round: int | None
+    rounds: dict[str, dict[str, int]]
+    stopped: str | None
+    fitness: FitnessMode
+    best: str | None  # the best overall's id
+    best_figures: Figures  # its figures on valid
+    transfer: Transfer | None
+    diagnostics: Diagnostics | None  # the best's step diagnostics on train
+    specialists: dict[str, dict[str, Any]]  # capability -> id, name, valid_fitness
+    candidates: int
+    by_status: dict[str, int]
+    cascade_saved_seconds: float
+    spend: dict[str, Any]
+    frozen: list[tuple[str, Figures]]  # frozen candidates' ids and test figures
+
+    def as_json(self) -> dict[str, Any]:
+        best = None if self.best is None else {"id": self.best, **self.best_figures.as_json()}
+        return {
+            "run": self.run, "created": self.created, "created_local": self.created_local,
+            "config": self.config, "stage": self.stage, "round": self.round,
+            "rounds": self.rounds, "stopped": self.stopped, "fitness": self.fitness.model_dump(),
+            "best": best, "transfer": self.transfer and self.transfer.as_json(),
+            "diagnostics": self.diagnostics, "specialists": self.specialists,
+            "candidates": self.candidates, "by_status": self.by_status,
+            "cascade_saved_seconds": self.cascade_saved_seconds, "spend": self.spend,
+            "frozen": [{"id": c, "test": test.as_json()} for c, test in self.frozen],
+        }  # fmt: skip
+
+
+def status(store: RunStore) -> RunStatus:
     """Where a run stands. ``stage``: ``seed`` until the seed is evaluated, then the stage of the
     next round (``round``, 1-based) or ``finished``; ``rounds`` compares the state's counters
     with the manifest's plan (a resume with ``--rounds`` may have gone past the plan);
@@ -140,36 +227,37 @@ def status(store: RunStore) -> dict[str, Any]:
     kept = archive(candidates)
     best = kept.best
     counts = Counter(c.status for c in candidates)
-    return {
-        "run": store.run_id,
-        "created": manifest.get("created"),
-        "created_local": local_time(manifest.get("created")),
-        "config": manifest.get("config", {}),
-        "stage": stage,
-        "round": rounds[stage]["done"] + 1 if stage in rounds else None,
-        "rounds": rounds,
-        "stopped": stopped,
-        "fitness": fitness_mode(manifest),
-        "best": {"id": best.id, **scores(best.scores["valid"]["overall"])} if best else None,
-        "transfer": transfer(candidates, kept),
-        "diagnostics": best.scores["train"].get("diagnostics") if best else None,
-        "specialists": {
+    return RunStatus(
+        run=store.run_id,
+        created=manifest.get("created"),
+        created_local=local_time(manifest.get("created")),
+        config=manifest.get("config", {}),
+        stage=stage,
+        round=rounds[stage]["done"] + 1 if stage in rounds else None,
+        rounds=rounds,
+        stopped=stopped,
+        fitness=fitness_mode(manifest),
+        best=best.id if best else None,
+        best_figures=figures(best.scores[VALID].row(None)) if best else Figures(),
+        transfer=transfer(candidates, kept),
+        diagnostics=best.scores[TRAIN].diagnostics if best else None,
+        specialists={
             cap: {"id": m.id, "name": CAPABILITY_NAMES[cap],
                   "valid_fitness": split_fitness(m, cap=cap)}
             for cap, m in kept.specialists.items()
         },
-        "candidates": len(candidates),
-        "by_status": {s: counts[s] for s in STATUSES},
-        "cascade_saved_seconds": saved_seconds(candidates),
-        "spend": read_spend(store.root).as_json(),
-        "frozen": [{"id": c.id, "test": scores(c.scores.get("test", {}).get("overall"))}
-                   for c in candidates if c.frozen],
-    }  # fmt: skip
+        candidates=len(candidates),
+        by_status={s: counts[s] for s in STATUSES},
+        cascade_saved_seconds=saved_seconds(candidates),
+        spend=read_spend(store.root).as_json(),
+        frozen=[(c.id, figures(c.scores.get(TEST, ScoreBlock()).row(None)))
+                for c in candidates if c.frozen],
+    )  # fmt: skip
 
 
 def transfer(
     candidates: list[CandidateMeta], kept: Archive | None = None, of: CandidateMeta | None = None
-) -> dict[str, Any] | None:
+) -> Transfer | None:
     """The best's (or ``of``'s) and the seed's fitness on valid and on each of the run's guards,
     with the ceiling (the seed's record: the gold evidence packed into the budget) and the
     candidates a guard held back; None before anything is evaluated. ``kept``: the archive, if
@@ -180,59 +268,92 @@ def transfer(
         return None
     seed = next((c for c in candidates if c.stage == "seed" and c.status == "evaluated"), best)
     rows = []
-    for key in ["valid", *guard_keys(candidates)]:
+    for key in [VALID, *guard_keys(candidates)]:
         mine, theirs = split_fitness(best, key), split_fitness(seed, key)
-        rows.append({"split": key.removeprefix(GUARD_PREFIX), "guard": key != "valid",
-                     "seed": theirs, "program": mine,
-                     "delta": None if mine is None or theirs is None else mine - theirs,
-                     "ceiling": split_ceiling(seed, key)})  # fmt: skip
+        rows.append(TransferRow(key.removeprefix(GUARD_PREFIX), key != VALID, theirs, mine,
+                                None if mine is None or theirs is None else mine - theirs,
+                                split_ceiling(seed, key)))  # fmt: skip
     held = [c for c in candidates if kept.held_back(c.id)]
     role = "best" if kept.best is not None and best.id == kept.best.id else "candidate"
     reasons = {c.id: [str(g.reason) for g in kept.held_back(c.id)] for c in held}
-    return {"program": best.id, "role": role, "seed": seed.id, "rows": rows, "held_back": reasons}
+    return Transfer(best.id, role, seed.id, rows, reasons)
 
 
-def transfer_lines(t: dict[str, Any] | None) -> list[str]:
+def transfer_lines(t: Transfer | None) -> list[str]:
     """:func:`transfer` as plain text lines (empty when there is nothing yet)."""
     if t is None:
         return []
-    who = t["role"]
-    lines = [f"{who} {t['program']} against seed {t['seed']} (fitness; of a possible: the "
-             "ceiling):"]  # fmt: skip
-    for r in t["rows"]:
-        delta = "" if r["delta"] is None else f" ({r['delta'] * 100:+.1f} pp)"
-        label = f"guard {r['split']}" if r["guard"] else "valid"
-        lines.append(f"  {label}: seed {fmt_score(r['seed'])}, {who} {fmt_score(r['program'])}"
-                     f"{delta} of a possible {fmt_score(r['ceiling'])}")  # fmt: skip
-    if not any(r["guard"] for r in t["rows"]):
+    who = t.role
+    lines = [f"{who} {t.program} against seed {t.seed} (fitness; of a possible: the ceiling):"]
+    for r in t.rows:
+        delta = "" if r.delta is None else f" ({r.delta * 100:+.1f} pp)"
+        label = f"guard {r.split}" if r.guard else "valid"
+        lines.append(f"  {label}: seed {fmt_score(r.seed)}, {who} {fmt_score(r.program)}"
+                     f"{delta} of a possible {fmt_score(r.ceiling)}")  # fmt: skip
+    if not any(r.guard for r in t.rows):
         lines.append("  no guard sets: nothing outside valid was checked")
-    n = len(t["held_back"])
+    n = len(t.held_back)
     if n:
         lines.append(f"  {n} candidate{'s' * (n != 1)} won valid but a guard held "
                      f"{'them' if n != 1 else 'it'} back (evolve programs shows why)")  # fmt: skip
     return lines
 
 
-def candidate(meta: CandidateMeta) -> dict[str, Any]:
+GUARD_FIELDS = ("guard", "role", "passed", "fitness", "holder_fitness", "reason")  # shown of each
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    """One candidate as a row (:func:`candidate`): identity, story, valid fitness overall and
+    per capability, and the guard tests it met (:data:`GUARD_FIELDS` of each)."""
+
+    id: str
+    stage: str
+    capability: str | None
+    status: str
+    parents: list[str]
+    valid_fitness: float | None
+    by_capability: dict[str, float | None]
+    frozen: bool
+    message: str
+    guards: list[dict[str, Any]]
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def candidate(meta: CandidateMeta) -> CandidateRow:
     """One candidate as a row: identity, story, and valid fitness overall and per capability."""
-    return {
-        "id": meta.id,
-        "stage": meta.stage,
-        "capability": meta.capability,
-        "status": meta.status,
-        "parents": meta.parents,
-        "valid_fitness": split_fitness(meta),
-        "by_capability": {cap: split_fitness(meta, cap=cap) for cap in CAPABILITIES},
-        "frozen": meta.frozen,
-        "message": meta.message,
-        "guards": [
-            {k: g[k] for k in ("guard", "role", "passed", "fitness", "holder_fitness", "reason")}
-            for g in meta.guards
-        ],  # fmt: skip
-    }
+    return CandidateRow(
+        meta.id, meta.stage, meta.capability, meta.status, meta.parents, split_fitness(meta),
+        {cap: split_fitness(meta, cap=cap) for cap in CAPABILITIES}, meta.frozen, meta.message,
+        [{k: g[k] for k in GUARD_FIELDS} for g in meta.guards],
+    )  # fmt: skip
 
 
-def evaluation(folder: Path) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Evaluation:
+    """What an ``evolve eval`` folder holds (:func:`evaluation`): its report's meta and overall
+    scores, with the fitness of the overall row."""
+
+    folder: str
+    meta: ReportMeta
+    overall: MetricRow
+    report: str  # the report file
+
+    @property
+    def fitness(self) -> float | None:
+        return None if self.overall.is_empty() else fitness(self.overall)
+
+    def as_json(self) -> dict[str, Any]:
+        m = self.meta
+        return {"evaluation": self.folder, "program": m.program, "bench": m.bench,
+                "split": m.split, "mode": m.mode, "questions": m.questions,
+                "conversations": m.conversations, "errors": m.errors, "fitness": self.fitness,
+                "overall": self.overall.model_dump(), "report": self.report}  # fmt: skip
+
+
+def evaluation(folder: Path) -> Evaluation | None:
     """What an ``evolve eval`` folder (``report.json`` and ``questions.jsonl``, no manifest)
     holds: its meta and overall scores; None for any other folder. DamagedFile if the report
     does not load."""
@@ -240,22 +361,18 @@ def evaluation(folder: Path) -> dict[str, Any] | None:
     if (folder / "manifest.json").exists() or not path.is_file():
         return None
     try:
-        report = json.loads(path.read_bytes())
-        meta, overall = report["meta"], report["scores"]["overall"]
-        keys = ("program", "bench", "split", "mode", "questions", "conversations", "errors")
-        return {"evaluation": folder.name, **{k: meta[k] for k in keys},
-                "fitness": fitness(overall) if overall else None, "overall": overall,
-                "report": str(path)}  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        saved = read_report(path)
+    except (OSError, ValueError) as exc:
         raise DamagedFile(f"evaluation report {path} is damaged ({why(exc)})") from None
+    return Evaluation(folder.name, saved.meta, saved.scores.overall, str(path))
 
 
-def describe_evaluation(e: dict[str, Any]) -> str:
+def describe_evaluation(e: Evaluation) -> str:
     """One paragraph on an evaluation folder, for ``evolve status``."""
-    score = fmt_score(e["fitness"])
+    m = e.meta
     return (
-        f"{e['evaluation']} is an evaluation folder (evolve eval), not an evolution run: "
-        f"program {e['program']} on {e['bench']} {e['split']} ({e['mode']}), "
-        f"{e['questions']} questions in {e['conversations']} conversations, {e['errors']} "
-        f"failed; fitness {score}. Report: {e['report']}"
+        f"{e.folder} is an evaluation folder (evolve eval), not an evolution run: "
+        f"program {m.program} on {m.bench} {m.split} ({m.mode}), "
+        f"{m.questions} questions in {m.conversations} conversations, {m.errors} "
+        f"failed; fitness {fmt_score(e.fitness)}. Report: {e.report}"
     )

@@ -1,8 +1,8 @@
 """Model-based constant proposer: optuna's TPE over a program's tunable constants (design §4).
 
-Owns :class:`TPEProposer` (``--offline-search optuna``, the default) and
-:func:`constant_proposer`, which builds the strategy a run's config names (``random`` is
-:class:`~evolve.evolution.constants.ConstantProposer`, seeded random mutation, kept as an ablation).
+Owns :class:`TPEProposer` (``--offline-search optuna``, the default; ``random`` is
+:class:`~evolve.evolution.constants.ConstantProposer`, seeded random mutation, kept as an
+ablation; :mod:`evolve.evolution.wiring` builds the one a run's config names).
 
 The study. One optuna study per run, **derived from the run folder** every time a child is
 asked for, never kept beside it (as the archive is derived from the store): its trials are the
@@ -64,8 +64,9 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from evolve.config import RunConfig
+from evolve.evaluation.report import ScoreBlock
 from evolve.evolution.archive import fitness
+from evolve.evolution.candidate import MINIBATCH, TRAIN
 from evolve.evolution.constants import (
     GUIDANCE,
     ConstantProposer,
@@ -88,13 +89,6 @@ LOG_RATIO = 20.0  # a positive range with high / low at least this is searched o
 Space = dict[str, BaseDistribution]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def constant_proposer(config: RunConfig, run_dir: Path) -> ConstantProposer:
-    """The constant proposer ``config.offline_search`` names, for the run in ``run_dir``."""
-    if config.offline_search == "random":
-        return ConstantProposer(config.rng_seed, config.index_moves)
-    return TPEProposer(config.rng_seed, run_dir, config.index_moves)
 
 
 class TPEProposer(ConstantProposer):
@@ -258,12 +252,12 @@ def _objective(
     if meta.status == "evaluated":
         return _train_objective(meta, target)
     parent = metas.get((meta.cascade or {}).get("parent", ""))
-    mine = meta.scores.get("minibatch", {}).get("questions", {})
+    mine = meta.scores.get(MINIBATCH, ScoreBlock()).questions
     if meta.status != "stopped" or parent is None or parent.status != "evaluated" or not mine:
         return None
-    train = parent.scores.get("train", {})
-    theirs, capability = train.get("questions", {}), train.get("question_capabilities", {})
-    shared = [q for q in mine if mine[q] is not None and theirs.get(q) is not None]
+    train = parent.scores.get(TRAIN, ScoreBlock())
+    theirs, capability = train.questions, train.question_capabilities
+    shared = [q for q in mine if q in theirs]
     aimed = [q for q in shared if capability.get(q) == target] if target else []
     paired = aimed or shared
     if not paired:
@@ -273,9 +267,7 @@ def _objective(
 
 
 def _train_objective(meta: CandidateMeta, target: str | None) -> float:
-    train = meta.scores.get("train", {})
-    block = train.get("by_capability", {}).get(target) if target else train.get("overall")
-    return fitness(block)
+    return fitness(meta.scores.get(TRAIN, ScoreBlock()).row(target or None))
 
 
 def _sha256(source: str) -> str:

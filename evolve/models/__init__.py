@@ -70,7 +70,7 @@ MAX_FILES = 8
 """Pools (files) that keep idle connections; the least recently used beyond these is closed."""
 _Key = tuple[str, str]  # (path, schema)
 _pools: OrderedDict[_Key, deque[sqlite3.Connection]] = OrderedDict()  # idle ones, by last use
-_pools_lock = threading.Lock()  # guards the table, not the pools
+_pools_lock = threading.Lock()  # protects the table, not the pools
 _inherited: list[object] = []  # a forked child's copy of the parent's pools: never touched
 
 

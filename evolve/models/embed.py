@@ -12,7 +12,7 @@ Invariants:
 - ``embed(texts)`` returns float32, shape ``(len(texts), dim)``, rows L2-normalised (the
   hashing double leaves the rows of texts without tokens at zero); ``embed([])`` has shape
   ``(0, dim)``. Equal texts get bit-identical rows, in one call and across calls.
-- Fully offline: the model is read from the wheel's directory, ``HF_HUB_OFFLINE`` and
+- No network: the model is read from the wheel's directory, ``HF_HUB_OFFLINE`` and
   ``TRANSFORMERS_OFFLINE`` are set before sentence-transformers is imported, the hub is never
   contacted.
 - The model is loaded on first need, so constructing an Embedder is cheap and a call served
@@ -25,7 +25,7 @@ Invariants:
   runs, and a vector made by other model files, library versions, encoding code or precision
   is never served (:func:`embedding_version`). Only the cache file is ever written.
 - :func:`library_versions` is the one reading of installed versions; the pipeline
-  version (:func:`evolve.evaluation.conversation.pipeline_version`) uses it too.
+  version (:func:`evolve.evaluation.identity.pipeline_version`) uses it too.
 - **Tenants apart.** Two instances share no cache but a cache file they are both given: an
   instance's cache hits come from its own calls or its file's (the model's weights, shared by
   every Embedder of the process, hold no text). The runtime gives each user (scope) an
@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from evolve.models import cache_transaction, cores
+from evolve.models import cache_transaction
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -218,6 +218,8 @@ class Embedder:
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         """Encode texts (no cache); rows float32 and L2-normalised."""
+        from evolve.models import cores  # the pool's core shares: needed only to encode
+
         model = self._load()
         cores.use_share()  # a pool worker running alone takes every core
         if self.precision == "bf16":
@@ -309,7 +311,7 @@ class HashingEmbedder(Embedder):
     vectorised add per text, and a text's read-only row (at most :attr:`rows_cached`:
     diagnostics and scoring embed the same unit texts for many questions, and without a cache
     file every call would encode them again). It never loads a model. It is for tests and
-    explicit offline smoke runs only: callers must select it by name and say so.
+    explicitly labelled smoke runs only: callers must select it by name and say so.
     """
 
     rows_cached: int = 1 << 15

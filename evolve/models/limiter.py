@@ -284,7 +284,7 @@ def _held(path: Path) -> bool:
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)  # drops the lock this probe may have taken
+        os.close(fd)  # drops the lock this check may have taken
     return False
 
 

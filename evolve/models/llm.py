@@ -1,10 +1,11 @@
 """LLM calls by role: configuration, transport with retries, JSON repair, request cache, accounting.
 
 Owns :data:`ROLES`, :class:`ModelConfig`, :class:`Models`, :class:`LLMClient`, :class:`Completion`,
-:class:`UsageRecord`, :class:`JSONReplyError` and :func:`parse_json_reply`; re-exports
-:class:`~evolve.models.calllog.LLMError`. One transport attempt and the retry rule's
-bookkeeping are :mod:`evolve.models.attempts`; the call log's table and its readers,
-:mod:`evolve.models.calllog`.
+:class:`UsageRecord` and :class:`JSONReplyError`; re-exports
+:class:`~evolve.models.calllog.LLMError`. The request itself (one litellm call, its reply read
+back, the JSON in a reply's text) is :mod:`evolve.models.transport`; one transport attempt and
+the retry rule's bookkeeping are :mod:`evolve.models.attempts`; the call log's table and its
+readers, :mod:`evolve.models.calllog`.
 
 Invariants:
 
@@ -46,8 +47,13 @@ Invariants:
 - A client is safe to call from many threads: the records are kept under a lock, and each
   SQLite transaction (call log, request cache) borrows a connection from the process's pool for
   that file (:func:`evolve.models.sqlite_connection`), so threads that end leave none open.
+- Importing this module loads none of a client's call machinery (transport, attempts,
+  breaker, spend caps, request cache, usage tallies, secret scrubbing): each method imports
+  what it uses, so what only needs the records (:class:`ModelConfig`, :class:`Models`), as the
+  runtime does offline, stays light (``tests/test_layers.py`` counts the modules it loads).
 - API keys are never written: ModelConfig holds none (litellm reads them from the environment;
-  a local server given by ``api_base`` with no key in the environment gets :data:`LOCAL_API_KEY`),
+  a local server given by ``api_base`` with no key in the environment gets
+  :data:`~evolve.models.transport.LOCAL_API_KEY`),
   secret-named extra params are left out of the request hash, and error texts are redacted
   (both by the rules of :mod:`evolve.scrub`).
 """
@@ -55,16 +61,14 @@ Invariants:
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import (
@@ -75,22 +79,18 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from evolve.models import calllog, spendcap
-from evolve.models.attempts import Attempts, fault_kind, is_transient, retry_after, within
-from evolve.models.breaker import Breaker, EndpointDown
+from evolve.models import calllog
 from evolve.models.calllog import LLMError
 from evolve.models.limiter import Limiter
-from evolve.models.requestcache import Cached, RequestCache, request_hash
-from evolve.models.usage import by_role
-from evolve.scrub import is_secret_name, mask_secrets, secret_values
+
+if TYPE_CHECKING:
+    from evolve.models.attempts import Attempts
+    from evolve.models.breaker import Breaker
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 ROLES = ("task", "judge", "annotator", "coder")
 JSON_ATTEMPTS = 3
-# Sent to an ``api_base`` whose provider key is not in the environment: local OpenAI-compatible
-# servers accept any key, but litellm's provider refuses to call without one.
-LOCAL_API_KEY = "no-key"
 # The retry of a call that says so on stderr (a warning): earlier retries are logged at DEBUG
 # only, as every retry is counted in the call log, so a flaky provider does not flood the run.
 LOUD_RETRY = 3
@@ -192,30 +192,10 @@ def _as_messages(messages: list[Message] | str) -> list[Message]:
 def _redact(text: str, config: ModelConfig) -> str:
     """One line, at most 500 characters, with environment and config secrets masked as
     ``***`` (:func:`evolve.scrub.mask_secrets`)."""
+    from evolve.scrub import is_secret_name, mask_secrets, secret_values
+
     extra = [str(v) for k, v in config.extra.items() if is_secret_name(k)]
     return " ".join(mask_secrets(text, secret_values(extra), "***").split())[:500]
-
-
-def parse_json_reply(text: str) -> Any:
-    """The JSON value in an LLM reply: the whole text, else a fenced block, else the first
-    object/array that decodes. Raises ValueError when there is none."""
-    text = text.strip()
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    for block in re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.DOTALL | re.IGNORECASE):
-        try:
-            return json.loads(block)
-        except ValueError:
-            continue
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"[{\[]", text):
-        try:
-            return decoder.raw_decode(text, match.start())[0]
-        except ValueError:
-            continue
-    raise ValueError(f"no JSON object or array found in the reply: {text[:200]!r}")
 
 
 class LLMClient:
@@ -241,6 +221,8 @@ class LLMClient:
         timeout: float | None = None,
         breaker: Breaker | None = None,
     ) -> None:
+        from evolve.models.requestcache import RequestCache
+
         self.models = models
         self.breaker = breaker
         self.log_path = Path(log_path) if log_path is not None else None
@@ -248,7 +230,7 @@ class LLMClient:
         self.limiter = limiter
         self.timeout = timeout
         self._records: list[UsageRecord] = []
-        self._lock = threading.Lock()  # guards _records
+        self._lock = threading.Lock()  # protects _records
 
     def available(self, role: str) -> bool:
         return self.models[role] is not None
@@ -264,6 +246,11 @@ class LLMClient:
         repair: bool = False,
     ) -> Completion:
         """One logical call (``repair``: it re-asks for valid JSON, as counted in the log)."""
+        from evolve.models import spendcap
+        from evolve.models.attempts import Attempts, is_transient
+        from evolve.models.breaker import EndpointDown
+        from evolve.models.requestcache import Cached, request_hash
+
         config = self.models[role]
         if config is None:
             raise LLMError(f"no model configured for role {role!r}")
@@ -326,6 +313,8 @@ class LLMClient:
     ) -> Completion:
         """One HTTP attempt, holding a limiter slot and abandoned at its timeout; counted. The
         transport is loaded first, so its first import counts against neither."""
+        from evolve.models.attempts import fault_kind, is_transient, retry_after, within
+
         self._load_transport()
         if self.breaker is None:
             with counts.attempt():
@@ -358,6 +347,8 @@ class LLMClient:
         """Parse the reply as JSON and ``validate`` it (it raises ValueError on bad data); on
         either failure, show the model its reply and the error and ask again, at most
         :data:`JSON_ATTEMPTS` calls in all."""
+        from evolve.models.transport import parse_json_reply
+
         conversation = _as_messages(messages)
         problem = ""
         for _ in range(JSON_ATTEMPTS):
@@ -384,6 +375,8 @@ class LLMClient:
     def usage_summary(self) -> dict[str, dict[str, float | int]]:
         """Per role: calls, prompt_tokens, completion_tokens, cost_usd (known costs summed),
         cached_calls, errors, summed by :class:`~evolve.models.usage.Tally`."""
+        from evolve.models.usage import by_role
+
         tallies = by_role(asdict(r) for r in self.records)
         return {role: tally.summary() for role, tally in tallies.items()}
 
@@ -417,9 +410,9 @@ class LLMClient:
 
     def _load_transport(self) -> None:
         """Import litellm (seconds, the first time), outside any slot or timeout."""
-        import litellm
+        from evolve.models.transport import load
 
-        litellm.suppress_debug_info = True
+        load()
 
     def _transport(
         self,
@@ -431,40 +424,13 @@ class LLMClient:
         json_schema: dict[str, Any] | None,
         max_tokens: int,
     ) -> Completion:
-        """One litellm call, no retries; ``latency_s`` and ``cached`` are set by the caller."""
-        import litellm  # loaded by _load_transport
+        """One litellm call (:func:`evolve.models.transport.send`), no retries; ``latency_s``
+        and ``cached`` are set by the caller."""
+        from evolve.models.transport import send
 
-        kwargs = dict(config.extra)
-        if config.api_base is not None:
-            kwargs["api_base"] = config.api_base
-            env = litellm.validate_environment(model=config.model, api_base=config.api_base)
-            if "api_key" not in kwargs and not env.get("keys_in_environment", True):
-                kwargs["api_key"] = LOCAL_API_KEY
-        if json_schema is not None:
-            kwargs["response_format"] = {"type": "json_object", "schema": json_schema}
-        response = litellm.completion(
-            model=config.model,
-            messages=messages,
-            temperature=config.temperature,
-            max_tokens=max_tokens,
-            timeout=config.timeout,
-            num_retries=0,
-            **kwargs,
-        )
-        try:
-            cost: float | None = float(litellm.completion_cost(completion_response=response))
-        except Exception:
-            cost = None
-        usage = getattr(response, "usage", None)
-        return Completion(
-            text=response.choices[0].message.content or "",
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            cost_usd=cost,
-            latency_s=0.0,
-            cached=False,
-            model=config.model,
-        )
+        reply = send(config, messages, json_schema=json_schema, max_tokens=max_tokens)
+        return Completion(reply.text, reply.prompt_tokens, reply.completion_tokens,
+                          reply.cost_usd, 0.0, False, config.model)  # fmt: skip
 
     def _record(
         self,

@@ -32,8 +32,9 @@ from evolve.models.calllog import CALLS_SCHEMA
 from evolve.scrub import is_secret_name
 
 
-class ModelConfig(Protocol):
-    """What the key reads of a model's configuration (:class:`evolve.models.llm.ModelConfig`)."""
+class KeyedModel(Protocol):
+    """The fields of a model's configuration that the key reads
+    (:class:`evolve.models.llm.ModelConfig` has them)."""
 
     @property
     def model(self) -> str: ...
@@ -49,7 +50,7 @@ WHAT = "LLM request cache"  # how a set-aside corrupt file is named to the user
 
 
 def request_hash(
-    config: ModelConfig,
+    config: KeyedModel,
     messages: list[dict[str, Any]],
     json_schema: dict[str, Any] | None,
     max_tokens: int,

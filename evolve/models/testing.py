@@ -10,7 +10,7 @@ endpoint with injected faults) is :mod:`evolve.models.fake_server`.
 Invariants: the doubles subclass the real classes and replace only the pieces that would reach a
 model (``LLMClient._load_transport`` and ``_transport``, ``Embedder._encode``), so accounting,
 caching, retries and JSON repair run through the real code. Nothing here is ever selected
-silently: callers construct a double by name, in tests or explicitly labelled offline runs.
+silently: callers construct a double by name, in tests or explicitly labelled smoke runs.
 """
 
 from __future__ import annotations

@@ -20,14 +20,14 @@ Invariants:
   (:func:`sandbox.check.check_program`) before it runs; it runs only in confined hosts, one per
   user (:mod:`.scopes`).
 - **Users share no cache.** Each user's pipelines get an embedder and a task-model client of
-  that user's own (``make_embedder(..., own=True)``, ``make_llm(config, <the user's folder>)``),
+  that user's own (``make_embedder(..., own=True)``, ``make_llm(setup, <the user's folder>)``),
   their caches in the user's scope folder (:mod:`.store`); the call log, the limit on requests
-  in flight and the breaker are ``config``'s, one for the runtime. The caches an earlier
+  in flight and the breaker are ``setup``'s, one for the runtime. The caches an earlier
   version shared between users (``<store>/cache/``) are not used, and said once.
 - **Said once, never silent.** With no task model the runtime uses the offline stand-ins (one
   unit per message, the question as the query, no answer) and says so in one line; when the
   program is an export whose header records another mode, task model, embedder, precision or
-  pipeline version than the runtime's (:func:`evolve.evolution.export.read_scored_as`), it
+  pipeline version than the runtime's (:func:`evolve.evaluation.identity.read_scored_as`), it
   says so in one line naming each difference.
 - **One user's writes take turns, reads run together** (:mod:`.scopes`): an ``add`` waits for
   the user's reads in progress and holds later ones back until it returns, so a read sees
@@ -55,16 +55,14 @@ from typing import Any
 
 from contract.spec import CONTRACT_VERSION
 from contract.types import Message, Segment
-from evolve.evaluation.conversation import pipeline_version
+from evolve.evaluation.identity import OFFLINE_MEANS, ScoredAs, read_scored_as
 from evolve.evaluation.pipeline import Pipeline
 from evolve.evaluation.setup import EvalSetup, make_embedder, make_llm
-from evolve.evolution.export import OFFLINE, OFFLINE_MEANS, ONLINE, ScoredAs, read_scored_as
-from evolve.models.embed import precision
 from evolve.models.llm import ModelConfig
 from evolve.runtime.log import LogError
 from evolve.runtime.scopes import Scopes
-from evolve.runtime.store import Deployment, Store, StoreError
-from sandbox.check import check_program
+from evolve.runtime.store import Deployment, MemoryStore, MemoryStoreError
+from sandbox.check import CheckedProgram, check_program
 from sandbox.isolate import HostFailure, ProgramFailure
 from sandbox.probe import BackendShape
 
@@ -91,12 +89,12 @@ def open_memory(
     read_hosts: int = 1,
     snapshot_every: int = SNAPSHOT_EVERY,
     notice: Callable[[str], None] = _say,
-    config: EvalSetup | None = None,
+    setup: EvalSetup | None = None,
 ) -> AgentMemory:
     """Open ``program`` (a memory program file, e.g. from ``evolve export``) over the store
     folder ``store`` (created if need be). ``model``: a litellm id for the task model, or None
     for the offline stand-ins; ``embedder``: ``minilm`` or ``hashing`` (a test double).
-    ``config`` replaces ``model`` and ``embedder`` by a whole
+    ``setup`` replaces ``model`` and ``embedder`` by a whole
     :class:`~evolve.evaluation.setup.EvalSetup` (what an evaluation runs with). ``max_live``:
     confined
     hosts kept started, in all; ``read_hosts``: hosts one user's reads may use side by side
@@ -109,21 +107,20 @@ def open_memory(
     except (OSError, UnicodeDecodeError) as exc:
         raise AgentMemoryError(f"cannot read program {path}: {exc}") from None
     root = Path(store)
-    if config is None:
+    if setup is None:
         if embedder not in ("minilm", "hashing"):
             raise AgentMemoryError(f"unknown embedder {embedder!r} (use minilm or hashing)")
         task = ModelConfig(model=model) if model else None
-        config = EvalSetup(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
+        setup = EvalSetup(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
                               call_prefix=CALL_PREFIX)  # fmt: skip
     if min(max_live, read_hosts, snapshot_every) < 1 or read_hosts > max_live:
         raise AgentMemoryError("max_live, read_hosts and snapshot_every are at least 1, and "
                                "read_hosts at most max_live")  # fmt: skip
-    shape = BackendShape(max_complete_calls=config.max_complete_calls)  # as the hosts will run
-    report = check_program(source, str(path), backend=shape)
-    if report.program is None:
-        raise AgentMemoryError(f"{path} does not pass the sandbox: {report.repair_text()}")
-    return AgentMemory(report.program.source, str(path), report.program.digest, root, config,
-                       max_live=max_live, read_hosts=read_hosts,
+    shape = BackendShape(max_complete_calls=setup.max_complete_calls)  # as the hosts will run
+    checked = check_program(source, str(path), backend=shape).require(
+        lambda why: AgentMemoryError(f"{path} does not pass the sandbox: {why}")
+    )
+    return AgentMemory(checked, root, setup, max_live=max_live, read_hosts=read_hosts,
                        snapshot_every=snapshot_every, notice=notice)  # fmt: skip
 
 
@@ -132,26 +129,24 @@ class AgentMemory:
 
     def __init__(
         self,
-        source: str,
-        path: str,
-        digest: str,
+        program: CheckedProgram,
         root: Path,
-        config: EvalSetup,
+        setup: EvalSetup,
         *,
         max_live: int,
         read_hosts: int,
         snapshot_every: int,
         notice: Callable[[str], None],
     ) -> None:
-        self.config = config
-        task = config.task_model.model if config.task_model else None
-        running = ScoredAs(OFFLINE if task is None else ONLINE, task, config.embedder,
-                           precision(), pipeline_version())  # fmt: skip
+        source, path, digest = program.source, program.path, program.digest
+        self.setup = setup
+        task = setup.task_model.model if setup.task_model else None
+        running = ScoredAs.here(task, setup.embedder)
         self.deployment = Deployment(digest, CONTRACT_VERSION, running.pipeline_version, task,
-                                     config.embedder, running.precision)  # fmt: skip
+                                     setup.embedder, running.precision)  # fmt: skip
         try:
-            self.store = Store(root, self.deployment, source)
-        except (StoreError, OSError) as exc:
+            self.store = MemoryStore(root, self.deployment, source)
+        except (MemoryStoreError, OSError) as exc:
             raise AgentMemoryError(str(exc)) from None
         try:
             if task is None:
@@ -174,12 +169,8 @@ class AgentMemory:
                 """A pipeline of ``user``'s own: its embedder and task-model client keep their
                 caches in the user's folder (:mod:`.scopes`, "no channel through a cache")."""
                 folder = str(self.store.cache_dir(user))
-                embedder = make_embedder(config.embedder, folder, own=True)
-                return Pipeline(source, path, llm=make_llm(config, folder), embedder=embedder,
-                                call_prefix=config.call_prefix,
-                                max_complete_calls=config.max_complete_calls,
-                                call_timeout=config.call_timeout,
-                                llm_concurrency=config.llm_concurrency)  # fmt: skip
+                embedder = make_embedder(setup.embedder, folder, own=True)
+                return Pipeline.for_setup(program, setup, make_llm(setup, folder), embedder)
 
             self._scopes = Scopes(self.store, pipeline, max_live=max_live, read_hosts=read_hosts,
                                   snapshot_every=snapshot_every, notice=notice)  # fmt: skip
@@ -217,7 +208,7 @@ class AgentMemory:
     def answer(self, question: str, *, user: str, date: str | None = None) -> str:
         """The task model's answer to ``question`` from its context, under the program's
         answer instruction."""
-        if self.config.task_model is None:
+        if self.setup.task_model is None:
             raise AgentMemoryError("answer() needs a task model (open_memory(..., model=...))")
         question = _text(question, "question")
 
@@ -261,7 +252,7 @@ class AgentMemory:
             raise AgentMemoryError("user is a non-empty string (the scope id)")
         try:
             return fn()
-        except (StoreError, LogError) as exc:
+        except (MemoryStoreError, LogError) as exc:
             raise AgentMemoryError(str(exc)) from None
         except (HostFailure, ProgramFailure) as exc:  # the program's, one line
             raise AgentMemoryError(f"the program failed: {exc}".replace("\n", " ")) from None

@@ -2,7 +2,7 @@
 
 Owns :class:`Scopes`. A scope's memory lives in pipelines
 (:class:`evolve.evaluation.pipeline.Pipeline`:
-the program in its own confined host), each built from the store (:mod:`.store`): the newest
+the program in its own confined host), each built from the memory store (:mod:`.store`): the newest
 snapshot of the deployment's build, then the log's sessions after it.
 
 Invariants:
@@ -65,7 +65,7 @@ from evolve.evaluation.pipeline import Pipeline
 from evolve.fanout import ordered_map
 from evolve.runtime.log import SessionLog
 from evolve.runtime.rwlock import ReadWriteLock
-from evolve.runtime.store import Store
+from evolve.runtime.store import MemoryStore
 
 SNAPSHOT_GROWTH = 0.25  # a new snapshot waits for this share of the sessions the last one held
 
@@ -76,16 +76,17 @@ class Live:
 
     pipeline: Pipeline
     held: int  # sessions of the log the memory holds (always a prefix of the log)
-    reads: int = 0  # reads in flight on this host (under its scope's guard)
+    reads: int = 0  # reads in flight on this host (under its scope's monitor)
 
 
 @dataclass
 class Scope:
-    """One user's log and hosts. ``guard`` protects the fields after it (held briefly, never
-    across a host call); ``lock`` is the readers-writer lock of the module's invariants."""
+    """One user's log and hosts. ``monitor`` (a condition) protects the fields after it (held
+    briefly, never across a host call); ``lock`` is the readers-writer lock of the module's
+    invariants."""
 
     lock: ReadWriteLock = field(default_factory=ReadWriteLock)
-    guard: threading.Condition = field(default_factory=threading.Condition)
+    monitor: threading.Condition = field(default_factory=threading.Condition)
     log: SessionLog | None = None
     lives: list[Live] = field(default_factory=list)  # started hosts, lives[0] snapshots
     starting: int = 0  # hosts being started by reads
@@ -101,7 +102,7 @@ class Scopes:
 
     def __init__(
         self,
-        store: Store,
+        store: MemoryStore,
         make_pipeline: Callable[[str], Pipeline],
         *,
         max_live: int,
@@ -126,7 +127,7 @@ class Scopes:
             return self._scopes.setdefault(user, Scope())
 
     def _log(self, user: str, scope: Scope) -> SessionLog:
-        with scope.guard:
+        with scope.monitor:
             if scope.log is None:
                 scope.log = self.store.open_log(user)
             return scope.log
@@ -157,7 +158,7 @@ class Scopes:
         """A host for one read: an idle one, else a new one while the scope may have more,
         else the one serving the fewest reads (its host calls take turns)."""
         log = self._log(user, scope)
-        with scope.guard:
+        with scope.monitor:
             while True:
                 idle = [live for live in scope.lives if not live.reads]
                 if idle or (scope.lives and len(scope.lives) + scope.starting >= self.read_hosts):
@@ -167,28 +168,28 @@ class Scopes:
                 if len(scope.lives) + scope.starting < self.read_hosts:
                     scope.starting += 1
                     break
-                scope.guard.wait()  # the scope's first host is being started by another read
+                scope.monitor.wait()  # the scope's first host is being started by another read
         try:
             live, restored = self._start(user, log)
         except BaseException:
-            with scope.guard:
+            with scope.monitor:
                 scope.starting -= 1
-                scope.guard.notify_all()
+                scope.monitor.notify_all()
             raise
-        with scope.guard:
+        with scope.monitor:
             scope.starting -= 1
             if not scope.lives:
                 scope.snapshotted = restored
             live.reads = 1
             scope.lives.append(live)
-            scope.guard.notify_all()
+            scope.monitor.notify_all()
         self._counted(user, +1)
         return live
 
     def _give_back(self, user: str, scope: Scope, live: Live) -> None:
         """End one read of ``live``; a host that broke is closed (the next read starts
         another; a program that raised keeps its host, whose memory retrieve cannot change)."""
-        with scope.guard:
+        with scope.monitor:
             live.reads -= 1
             closing = live.pipeline.broken and live in scope.lives
             if closing:
@@ -294,7 +295,7 @@ class Scopes:
 
     def _drop(self, user: str, scope: Scope) -> None:
         """Close every host of the scope (the caller holds its write lock)."""
-        with scope.guard:
+        with scope.monitor:
             lives, scope.lives = scope.lives, []
         for live in lives:
             live.pipeline.close()

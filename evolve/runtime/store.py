@@ -1,8 +1,8 @@
-"""The store folder a user owns: which programs ran over it, each scope's log, snapshots and
-caches.
+"""The memory store, the folder a user owns: which programs ran over it, each scope's log,
+snapshots and caches.
 
 Owns the folder's layout, :class:`Deployment` (what a memory is built with) and
-:class:`Store`::
+:class:`MemoryStore`::
 
     <store>/manifest.json                  programs by sha256, the active one, earlier ones
     <store>/programs/<sha256>.py           each program's source, to roll back to
@@ -23,7 +23,7 @@ Invariants:
   program can learn another user's text from a cache hit (:mod:`.scopes`).
 - **Earlier shared caches are left alone.** A store made when one embedding cache and one
   reply cache served every scope still has them as ``<store>/cache/embeddings.sqlite`` and
-  ``llm-cache.sqlite``: they are never read or written again (:attr:`Store.shared_caches`
+  ``llm-cache.sqlite``: they are never read or written again (:attr:`MemoryStore.shared_caches`
   names them, so the runtime can say they hold every user's text).
 
 - **The log is the truth, a snapshot a shortcut.** A snapshot is the bytes the program's host
@@ -40,8 +40,8 @@ Invariants:
   earlier program's snapshots still serve it when it is made active again.
 - **Scopes are folders named by the sha256 of the scope id**, so no scope id can name a path
   outside its folder or another scope's.
-- **One process per store.** An open :class:`Store` holds an exclusive ``flock`` on
-  ``<store>/lock`` until :meth:`Store.close` or the process's death (the kernel releases it,
+- **One process per store.** An open :class:`MemoryStore` holds an exclusive ``flock`` on
+  ``<store>/lock`` until :meth:`MemoryStore.close` or the process's death (the kernel releases it,
   kill -9 included); a second open is refused in one line naming the holder's PID. So the
   temporary files a killed writer left (``.tmp-*``) are removed on open.
 - The manifest is replaced atomically (:func:`evolve.files.write_atomic`).
@@ -67,7 +67,7 @@ SHARED_CACHES = ("embeddings.sqlite", "llm-cache.sqlite")  # <store>/cache/ of e
 _SNAPSHOT = re.compile(r"^(?P<build>[0-9a-f]{24})\.(?P<n>\d+)\.state$")
 
 
-class StoreError(Exception):
+class MemoryStoreError(Exception):
     """A store folder that cannot be used; the message is one line."""
 
 
@@ -98,11 +98,11 @@ class Deployment:
 
 def scope_key(scope: str) -> str:
     if not isinstance(scope, str) or not scope:
-        raise StoreError("a user (scope) id is a non-empty string")
+        raise MemoryStoreError("a user (scope) id is a non-empty string")
     return hashlib.sha256(scope.encode("utf-8")).hexdigest()[:32]
 
 
-class Store:
+class MemoryStore:
     """A store folder, opened for one deployment (see the module's invariants)."""
 
     def __init__(self, root: Path, deployment: Deployment, source: str) -> None:
@@ -118,7 +118,7 @@ class Store:
             (root / "scopes").mkdir(exist_ok=True)
             (root / "programs").mkdir(exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot use store {root}: {exc.strerror or exc}") from None
+            raise MemoryStoreError(f"cannot use store {root}: {exc.strerror or exc}") from None
         self._lock_fd: int | None = _lock(root)
         try:
             self._open(source)
@@ -160,14 +160,18 @@ class Store:
         path = self.root / "manifest.json"
         if not path.exists():
             if any((self.root / "scopes").iterdir()):
-                raise StoreError(f"store {self.root} has scopes but no manifest.json")
+                raise MemoryStoreError(f"store {self.root} has scopes but no manifest.json")
             return {"format": FORMAT}
         try:
             manifest = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise StoreError(f"store {self.root}: manifest.json is unreadable ({exc})") from None
+            raise MemoryStoreError(
+                f"store {self.root}: manifest.json is unreadable ({exc})"
+            ) from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise StoreError(f"store {self.root}: manifest.json is not a format-{FORMAT} manifest")
+            raise MemoryStoreError(
+                f"store {self.root}: manifest.json is not a format-{FORMAT} manifest"
+            )
         return manifest
 
     def previous_program(self) -> Path | None:
@@ -220,14 +224,14 @@ class Store:
 
 
 def _lock(root: Path) -> int:
-    """The store's exclusive lock (a descriptor), or StoreError naming the holder."""
+    """The store's exclusive lock (a descriptor), or MemoryStoreError naming the holder."""
     fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise StoreError(f"store {root} is open in another process (PID {holder})") from None
+        raise MemoryStoreError(f"store {root} is open in another process (PID {holder})") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

@@ -1,11 +1,11 @@
-"""Answer scoring: the interface every benchmark's answer scorer implements, and the registry.
+"""Answer scoring: the interface every benchmark's answer scorer implements.
 
 Owns :class:`Judged`, the :class:`AnswerScorer` protocol, :func:`prompt_sha256`,
-:func:`make_scorer`, :func:`score_answer` and :data:`UNJUDGED`. Implementations live one
-module per benchmark —
+:func:`score_answer` and :data:`UNJUDGED`. Implementations live one module per benchmark —
 :mod:`evolve.scoring.beam_judge`, :mod:`evolve.scoring.locomo`,
 :mod:`evolve.scoring.longmemeval` — each following its benchmark authors' protocol
-(docs/benchmarks.md §2.5, §3.3, §4.3).
+(docs/benchmarks.md §2.5, §3.3, §4.3); a bench's entry in :mod:`evolve.benches.registry`
+names its scorer.
 
 Invariants:
 
@@ -32,19 +32,13 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from evolve.datasets.types import Question
-from evolve.models.llm import JSONReplyError, LLMClient
+from evolve.models.llm import JSONReplyError
 
 UNJUDGED = "unjudged"  # a trace's judge detail key: why its judge reply never parsed
-BENCH_SCORERS = {
-    "beam": "evolve.scoring.beam_judge",
-    "locomo": "evolve.scoring.locomo",
-    "longmemeval": "evolve.scoring.longmemeval",
-}
 
 
 @dataclass(frozen=True)
@@ -58,9 +52,20 @@ class Judged:
 class AnswerScorer(Protocol):
     """Scores answers the way one benchmark's authors do."""
 
-    bench: str
-    metrics: tuple[str, ...]  # every key :meth:`score` fills, in report order
-    judge_metrics: tuple[str, ...]  # the metrics a judge's parsed reply gives
+    @property
+    def bench(self) -> str:
+        """The bench it scores (its name in the registry)."""
+        ...
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Every key :meth:`score` fills, in report order."""
+        ...
+
+    @property
+    def judge_metrics(self) -> tuple[str, ...]:
+        """The metrics a judge's parsed reply gives."""
+        ...
 
     def score(self, question: Question, answer: str) -> Judged:
         """Score one answer (judge calls, if any, go through the scorer's client)."""
@@ -86,22 +91,15 @@ def prompt_sha256(template: str) -> str:
     return hashlib.sha256(template.encode("utf-8")).hexdigest()
 
 
-def make_scorer(bench: str, judge: LLMClient | None) -> AnswerScorer:
-    """The answer scorer of ``bench``; ``judge`` None means no judge (see the invariants)."""
-    if bench not in BENCH_SCORERS:
-        raise ValueError(f"no answer scorer for benchmark {bench!r}")
-    module = importlib.import_module(BENCH_SCORERS[bench])
-    scorer: AnswerScorer = module.Scorer(judge)
-    return scorer
-
-
-def score_answer(scorer: AnswerScorer, question: Question, answer: str) -> Judged:
+def score_answer(
+    scorer: AnswerScorer, unjudged: AnswerScorer, question: Question, answer: str
+) -> Judged:
     """``scorer.score``, except that a judge reply that never parses costs only this question:
-    0 on the scorer's ``judge_metrics``, the other metrics as scored without a judge, and why
-    under :data:`UNJUDGED` in the detail."""
+    0 on the scorer's ``judge_metrics``, the other metrics as ``unjudged`` (the same bench's
+    scorer without a judge) scores them, and why under :data:`UNJUDGED` in the detail."""
     try:
         return scorer.score(question, answer)
     except JSONReplyError as exc:
-        scores = dict(make_scorer(scorer.bench, None).score(question, answer).scores)
+        scores = dict(unjudged.score(question, answer).scores)
         scores.update(dict.fromkeys(scorer.judge_metrics, 0.0))
         return Judged(scores, {UNJUDGED: str(exc)[:500]})

@@ -1,9 +1,11 @@
 """Fitness: the one number selection reads, one definition per mode (design §4).
 
-Owns :data:`MODES`, :data:`VERSION`, :data:`KEY`, :class:`Fitness` (a mode bound to a bench
-and a BEAM judge variant: its per-question value, its description and :meth:`Fitness.objective`,
-the words the LLM coder is told), :func:`choose` (the one
-function that decides the mode) and :func:`retrieval_fitness` (the offline definition).
+Owns :data:`MODES`, :data:`VERSION`, :data:`KEY`, :class:`BenchMetrics` (the metrics a bench's
+answering modes read, given by its registry entry, :mod:`evolve.benches.registry`),
+:class:`Fitness` (a mode bound to a bench's metrics and a BEAM judge variant: its per-question
+value, its description and :meth:`Fitness.objective`, the words the LLM coder is told),
+:func:`choose` (the one function that decides the mode) and :func:`retrieval_fitness` (the
+offline definition).
 
 Modes (:func:`choose`, from what a run or an evaluation is configured with):
 
@@ -54,20 +56,6 @@ RECORDED = ("name", "version", "coverage", "variant")  # what must match to mix 
 Mode = Literal["judged", "answer-f1", "retrieval"]
 Variant = Literal["described", "official"]
 
-# per mode and bench: the metrics that give a question's value, first non-None wins
-_METRICS: dict[str, dict[str, tuple[str, ...]]] = {
-    "judged": {
-        "beam": ("beam_{variant}",),
-        "locomo": ("judge_correct", "f1_official"),  # category 5 has no judge_correct
-        "longmemeval": ("judge_correct",),
-    },
-    "answer-f1": {
-        "beam": ("answer_f1",),
-        "locomo": ("f1_official",),
-        "longmemeval": ("answer_f1",),
-    },
-}
-
 DEFINITIONS = {
     "judged": "the bench's judged score per question (every question, abstention included)",
     "answer-f1": "token F1 of the answer against the gold answer — answers are scored WITHOUT "
@@ -95,18 +83,28 @@ def retrieval_fitness(block: dict[str, Any] | None) -> float:
 
 
 @dataclass(frozen=True)
+class BenchMetrics:
+    """A bench's metrics per answering mode that give a question's value, first non-None wins
+    (``{variant}`` in a name: BEAM's rubric judge variant)."""
+
+    judged: tuple[str, ...]
+    answer_f1: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Fitness:
-    """One mode's fitness on one bench (``variant``: BEAM's rubric judge variant)."""
+    """One mode's fitness on one bench: ``metrics``, the bench's metrics of this mode (none for
+    ``retrieval``); ``variant``: BEAM's rubric judge variant."""
 
     mode: Mode
-    bench: str
+    metrics: tuple[str, ...] = ()
     variant: Variant = "described"
 
     def question(self, scores: dict[str, Any]) -> float | None:
         """A question's value from its trace scores (None: no value under this mode)."""
         if self.mode == "retrieval":
             return _retrieval_value(scores)
-        for template in _METRICS[self.mode].get(self.bench, ()):
+        for template in self.metrics:
             value = scores.get(template.format(variant=self.variant))
             if isinstance(value, int | float):
                 return float(value)
@@ -118,7 +116,7 @@ class Fitness:
         if self.mode == "retrieval":
             metric = RETRIEVAL_METRIC
         else:
-            metric = " else ".join(_METRICS[self.mode].get(self.bench, ()))
+            metric = " else ".join(self.metrics)
             metric = metric.format(variant=self.variant)
         return (
             f"Selection reads one value per question, {DEFINITIONS[self.mode]} (fitness "
@@ -134,16 +132,19 @@ class Fitness:
 
 
 def choose(
-    bench: str,
+    metrics: BenchMetrics,
     task_model: ModelConfig | None,
     judged: bool,
     variant: Variant = "described",
 ) -> Fitness:
-    """The fitness of a run or evaluation: ``judged`` when a task model answers and a judge
-    scores, ``answer-f1`` when a task model answers without a judge, else ``retrieval``."""
+    """The fitness of a run or evaluation on a bench with ``metrics``: ``judged`` when a task
+    model answers and a judge scores, ``answer-f1`` when a task model answers without a judge,
+    else ``retrieval``."""
     if task_model is None:
-        return Fitness("retrieval", bench, variant)
-    return Fitness("judged" if judged else "answer-f1", bench, variant)
+        return Fitness("retrieval", (), variant)
+    if judged:
+        return Fitness("judged", metrics.judged, variant)
+    return Fitness("answer-f1", metrics.answer_f1, variant)
 
 
 def mode_of(described: dict[str, Any] | None) -> str:

@@ -170,16 +170,27 @@ def _label(data: Any) -> str:
 # ---------------------------------------------------------------- the scorer
 
 
-def _means(rows: list[tuple[int, float]], categories: tuple[int, ...]) -> dict[str, Any]:
+def _by_category(rows: list[tuple[int, float]]) -> dict[int, list[float]]:
     per: dict[int, list[float]] = defaultdict(list)
     for category, value in rows:
         per[category].append(value)
+    return per
+
+
+def _overall(rows: list[tuple[int, float]], categories: tuple[int, ...]) -> float | None:
+    """The mean over ``categories``' values, summed category by category (None: no value)."""
+    per = _by_category(rows)
     values = [v for c in categories for v in per[c]]
+    return sum(values) / len(values) if values else None
+
+
+def _means(rows: list[tuple[int, float]], categories: tuple[int, ...]) -> dict[str, Any]:
+    per = _by_category(rows)
     return {
         "by_category": {str(c): sum(per[c]) / len(per[c]) if per[c] else None for c in categories},
         "n_by_category": {str(c): len(per[c]) for c in categories},
-        "overall": sum(values) / len(values) if values else None,
-        "n": len(values),
+        "overall": _overall(rows, categories),
+        "n": sum(len(per[c]) for c in categories),
     }
 
 
@@ -224,7 +235,7 @@ class Scorer:
                 if scores.get(metric) is not None:
                     values[metric].append((category_of(q), float(scores[metric])))
         official = _means(values["f1_official"], tuple(CATEGORY_ABILITY))
-        official["overall_1_4"] = _means(values["f1_official"], MEM0_CATEGORIES)["overall"]
+        official["overall_1_4"] = _overall(values["f1_official"], MEM0_CATEGORIES)
         official["f1"] = "f1_official: Porter-stemmed multiset token F1 (snap-research/LoCoMo)"
         mem0: dict[str, Any] = {m: _means(values[m], MEM0_CATEGORIES) for m in MEM0_METRICS}
         mem0["f1"] = "f1_set: set token F1, no stemming (mem0 evaluation/metrics/utils.py)"

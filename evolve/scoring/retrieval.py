@@ -128,12 +128,9 @@ def aggregate(
             out[m] = float(np.mean(values)) if values else None
         return out
 
-    result: dict[str, Any] = {"overall": summary(groups.get(("overall", ""), [])),
-                              "by_capability": {}, "by_type": {}}  # fmt: skip
-    for cap in CAPABILITIES:
-        if ("by_capability", cap) in groups:
-            result["by_capability"][cap] = summary(groups[("by_capability", cap)])
-    for (kind, name), group in sorted(groups.items()):
-        if kind == "by_type":
-            result["by_type"][name] = summary(group)
-    return result
+    by_capability = {cap: summary(groups[("by_capability", cap)])
+                     for cap in CAPABILITIES if ("by_capability", cap) in groups}  # fmt: skip
+    by_type = {name: summary(group) for (kind, name), group in sorted(groups.items())
+               if kind == "by_type"}  # fmt: skip
+    overall = summary(groups.get(("overall", ""), []))
+    return {"overall": overall, "by_capability": by_capability, "by_type": by_type}

@@ -1,9 +1,9 @@
 """Guard sets: data a run never diagnoses, targets or tunes on, which its bests must not lose.
 
-Owns the guard spec's syntax (:class:`Guard`, :func:`parse_guard`), a run's default guards
-(:data:`DEFAULT_GUARDS`, per bench) and :func:`load_guard`, which reads a guard's task set and
-refuses one that shares a conversation with the run's own splits. The non-inferiority rule that
-reads guard scores is :mod:`evolve.evolution.archive`'s.
+Owns the guard spec's syntax (:class:`Guard`, :func:`parse_guard`) and :func:`load_guard`,
+which reads a guard's task set and refuses one that shares a conversation with the run's own
+splits. A run's default guards are its bench's (``Bench.guards``, :mod:`evolve.benches.registry`);
+the non-inferiority rule that reads guard scores is :mod:`evolve.evolution.archive`'s.
 
 Spec: ``BENCH:SPLIT`` or ``BENCH:SPLIT@N``. ``SPLIT`` is any split the bench's loader reads
 (``evolve eval --split``; it may itself hold a colon, as in ``beam:all:500K``); ``@N`` keeps
@@ -22,17 +22,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolve.datasets.benches import BENCHES, load_taskset
+from evolve.benches.registry import bench, names
 from evolve.datasets.types import DataError, TaskSet
 
 KEY_PREFIX = "guard:"  # a candidate's scores key of a guard: KEY_PREFIX + Guard.name
-# The guards a new run on a bench gets when --guard is not given (a bench not named: none).
-# BEAM: the LoCoMo sample (its one conversation, conv-26: other speakers, other question
-# kinds) and the first BEAM-500K conversation of the shipped `guard` split (five times
-# longer histories than BEAM-100K). One conversation each, the least that still guards: the seed
-# encodes the 500K one once (step reuse serves every later candidate's index), and that is the
-# cold run's longest single job (docs/design.md, "Guard sets").
-DEFAULT_GUARDS: dict[str, tuple[str, ...]] = {"beam": ("locomo:all@1", "beam:guard@1")}
 _SPEC = re.compile(r"^(?P<bench>[a-z0-9_]+):(?P<split>[A-Za-z0-9_:.-]+?)(?:@(?P<n>[0-9]+))?$")
 
 
@@ -60,12 +53,12 @@ def parse_guard(text: str) -> Guard:
     if match is None:
         raise ValueError(f"guard {text!r} is not BENCH:SPLIT or BENCH:SPLIT@N "
                          "(e.g. locomo:all@1, beam:guard@1)")  # fmt: skip
-    bench, split, n = match["bench"], match["split"], match["n"]
-    if bench not in BENCHES:
-        raise ValueError(f"guard {text!r}: unknown bench {bench!r} (one of {', '.join(BENCHES)})")
+    name, split, n = match["bench"], match["split"], match["n"]
+    if name not in names():
+        raise ValueError(f"guard {text!r}: unknown bench {name!r} (one of {', '.join(names())})")
     if n is not None and int(n) < 1:
         raise ValueError(f"guard {text!r}: @N needs at least 1 conversation")
-    return Guard(bench, split, None if n is None else int(n))
+    return Guard(name, split, None if n is None else int(n))
 
 
 def load_guard(guard: Guard, data_dir: Path, run_splits: list[TaskSet]) -> TaskSet:
@@ -73,7 +66,7 @@ def load_guard(guard: Guard, data_dir: Path, run_splits: list[TaskSet]) -> TaskS
     load, holds no question, or shares a conversation with one of ``run_splits`` (the run's
     train and valid)."""
     try:
-        tasks = load_taskset(guard.bench, data_dir, guard.split).first(guard.conversations)
+        tasks = bench(guard.bench).load_taskset(data_dir, guard.split).first(guard.conversations)
     except DataError as exc:
         raise DataError(f"guard {guard.name}: {exc}") from None
     if not tasks.questions:
