@@ -55,12 +55,17 @@ MASKED = re.compile(
 )
 
 
-def _mask(value: Any) -> Any:
+def _without(value: Any, keys: re.Pattern[str]) -> Any:
+    """``value`` with every field whose name ``keys`` finds removed, at any depth."""
     if isinstance(value, dict):
-        return {k: _mask(v) for k, v in value.items() if not MASKED.match(str(k))}
+        return {k: _without(v, keys) for k, v in value.items() if not keys.search(str(k))}
     if isinstance(value, list):
-        return [_mask(v) for v in value]
+        return [_without(v, keys) for v in value]
     return value
+
+
+def _mask(value: Any) -> Any:
+    return _without(value, MASKED)
 
 
 def _content(path: Path) -> Any:
@@ -110,14 +115,6 @@ IN_FLIGHT = re.compile(
     r"(cached_calls|prompt_tokens|completion_tokens|cost_usd|requests"
     r"|llm-calls\.sqlite)$"
 )
-
-
-def _unraced(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _unraced(v) for k, v in value.items() if not IN_FLIGHT.search(str(k))}
-    if isinstance(value, list):
-        return [_unraced(v) for v in value]
-    return value
 
 
 def _start_server() -> tuple[subprocess.Popen[str], str]:
@@ -252,7 +249,7 @@ def compare(before: Path, after: Path, renames: list[str]) -> int:
             old, new = rename.split("=", 1)
             a["cache"] = {re.sub(f"^{re.escape(old)}", new, k): v for k, v in a["cache"].items()}
         if not name.endswith("-1.json"):
-            a, b = _unraced(a), _unraced(b)
+            a, b = _without(a, IN_FLIGHT), _without(b, IN_FLIGHT)
         found: list[str] = []
         _diff(a, b, name, found)
         differences += found

@@ -4,6 +4,10 @@ A test that needs something the machine may lack (Chromium, a model server, Ray,
 and says why, unless its switch is set to ``require`` (``.ci/run`` sets them all):
 ``PRISMEM_CHROMIUM``, ``PRISMEM_REAL_LLM``, ``PRISMEM_RAY``, ``PRISMEM_BARRIER``.
 
+Numpy's BLAS runs one thread in every test process and in the processes they start
+(:func:`pytest_configure`): the suite runs a worker per core, and a second BLAS thread per
+process only spins against the other worker.
+
 Owns the test programs and configurations more than one module starts from: :data:`MINIMAL`
 (``fixtures/minimal_program.py``) and :func:`minimal` (it with edits), :func:`run_config` (an
 offline run of the hybrid seed with the hashing embedder); and :func:`check_once`, which lets a
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from threadpoolctl import threadpool_limits
 
 import evolve.models.testing  # noqa: F401  (registers the test doubles in evolve.models.DOUBLES)
 import sandbox.check
@@ -49,6 +54,12 @@ def skip_or_fail(switch: str, why: str) -> NoReturn:
     if os.environ.get(switch) == "require":
         pytest.fail(f"{why} ({switch}=require)")
     pytest.skip(why)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One BLAS thread here and, through the environment, in every process a test starts."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
 
 
 @pytest.fixture(scope="session")
