@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from evolve.datasets.types import CAPABILITIES, TaskSet
+from evolve.datasets.types import GROUPS, TaskSet
 from evolve.evaluation.distributed import JobBackend
 from evolve.evaluation.executor import ProgressFn, run_eval
 from evolve.evaluation.report import FitnessMode, ReportScores
@@ -104,7 +104,7 @@ def compare_programs(
             fitness_mode=report.meta.fitness,
             retrieval_fitness=retrieval_fitness(overall.as_scores()),
             ceiling=overall.ceiling,
-            by_capability={c: fitness(by_cap.get(c)) for c in CAPABILITIES if c in by_cap},
+            by_capability={c: fitness(by_cap.get(c)) for c in GROUPS if c in by_cap},
             evidence_similarity=overall.metric("evidence_similarity"),
             evidence_hit_rate=overall.metric("evidence_hit_rate"),
             context_chars=float(np.mean(chars)) if chars else None,

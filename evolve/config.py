@@ -4,9 +4,10 @@ Owns :class:`RunConfig` (the bench, the data and cache folders, the rounds per e
 where evaluation runs, one typed :class:`~evolve.models.llm.ModelConfig` per model role, the LLM
 transport limits (requests in flight for the whole run, seconds per request), the budget caps,
 the repair attempts per round (:data:`REPAIRS` by default), the children per round and the
-evaluation cascade (docs/design.md §4), the guard sets (:mod:`evolve.benches.guards`), the
-constant proposer's search strategy and its index moves, and the ablations), the evolution
-stages' order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on
+evaluation cascade (docs/design.md §4), the guard sets (:mod:`evolve.benches.guards`) and the
+data root a guard of another bench reads (:meth:`RunConfig.guard_root`), the constant
+proposer's search strategy and its index moves, and the ablations), the evolution stages'
+order (:data:`STAGES`, the keys of ``rounds``) and the splits a run evaluates on
 (:data:`SPLITS`), and which fitness a run selects on (:meth:`RunConfig.fitness`, its bench's
 entry in :mod:`evolve.benches.registry`). The run manifest stores the config as JSON
 (:meth:`RunConfig.as_json`); :func:`stored_config` reads it back.
@@ -16,12 +17,15 @@ unknown keys, wrong types and values outside their choices are refused, and a st
 that does not validate is a :class:`ConfigError` with one line saying what is wrong (a damaged
 or incompatible run is never resumed or frozen on a guess). A stored config from before
 ``children`` / ``cascade`` / ``index_moves`` existed reads as the run ran: one child per round,
-no cascade, index moves allowed (:data:`AS_RAN`). This module imports no part of the
-engine, so the commands that only read a run do not load it.
+no cascade, index moves allowed (:data:`AS_RAN`). ``guard_data_dir`` is stored only when it is
+set: a config without it reads every guard from its data dir, as one stored before it existed
+does. This module imports no part of the engine, so the commands that only read a run do not
+load it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -31,10 +35,12 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
 )
 
-from evolve.benches.guards import parse_guard
+from evolve.benches.guards import Guard, guard_root, parse_guard
 from evolve.benches.registry import bench, names
 from evolve.models import why
 from evolve.models.limiter import DEFAULT_CONCURRENCY
@@ -88,6 +94,9 @@ class RunConfig(BaseModel):
     # guard sets (evolve.benches.guards specs, canonical): a stored config without them ran
     # without guards
     guards: tuple[str, ...] = ()
+    # the data root a guard of another bench reads (evolve.benches.guards.guard_root); None, and
+    # absent from the stored config: the run's data dir
+    guard_data_dir: str | None = None
     # ablations (docs/design.md §4): no capabilities; how refinement picks its target; which cases
     holistic: bool = False
     selection: Literal["dependency", "round-robin"] = "dependency"
@@ -120,8 +129,22 @@ class RunConfig(BaseModel):
             raise ValueError(f"a guard is named twice in {', '.join(names)}")
         return names
 
+    @model_serializer(mode="wrap")
+    def _without_unset_guard_root(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The fields, less ``guard_data_dir`` when it is None (a config that reads every guard
+        from its data dir is stored as before that field existed)."""
+        fields: dict[str, Any] = dump(self)
+        if fields.get("guard_data_dir") is None:
+            fields.pop("guard_data_dir", None)
+        return fields
+
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def guard_root(self, guard: Guard) -> Path:
+        """The data root ``guard`` reads in this run (:func:`evolve.benches.guards.guard_root`)."""
+        root = None if self.guard_data_dir is None else Path(self.guard_data_dir)
+        return guard_root(guard, self.bench, Path(self.data_dir), root)
 
     def fitness(self) -> Fitness:
         """The fitness this run selects on (its bench's, :func:`evolve.scoring.fitness.choose`)."""

@@ -5,7 +5,9 @@ returned survives a crash — the data goes to a temporary ``.tmp-*`` file in th
 is fsynced, renamed over the target (``os.replace``), and the folder is fsynced so the rename
 itself is durable. A failed write leaves no temporary file behind. The run store, the step
 store and ``evolve export`` all write through it (1,000 step-store writes: see
-docs/performance.md).
+docs/performance.md). A file is created 0600 unless a ``mode`` is given; the files of a
+user's data folder take :func:`plain_mode`, the mode ``open()`` would give them, so every file
+of the folder reads alike.
 """
 
 from __future__ import annotations
@@ -13,6 +15,20 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+
+def plain_mode() -> int:
+    """The mode ``open()`` gives a new file: 0666 less this process's umask, read from
+    ``/proc/self/status`` (setting and restoring the umask to read it would race other
+    threads); 0644 where the kernel does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o644
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Unavailable, paired_beats, run_config
+from test_report_pictures import check_pictures
 
 from evolve.cli.main import main
 from evolve.datasets.slices import write_slice
@@ -295,7 +296,7 @@ def test_report_is_self_contained_and_renders(
     uninterrupted: RunStore, tmp_path: Path, unavailable: Unavailable
 ):
     """`evolve report` writes one HTML file with every section; headless Chromium renders it
-    (DOM dumped, screenshot taken) with no network."""
+    (DOM dumped, screenshot taken) with no network, its pictures showing the run's scores."""
     page = tmp_path / "report.html"
     runs = str(uninterrupted.root.parent)
     assert main(["report", "whole", "--runs-dir", runs, "--out", str(page)]) == 0
@@ -327,7 +328,8 @@ def test_report_is_self_contained_and_renders(
     for title in ("Capability × candidate", "Lineage", "Best valid fitness so far", "Spend",
                   "Step cache", "Integration"):  # fmt: skip
         assert f"{title}" in dom
-    assert "<svg" in dom and "<polyline" in dom
+    assert 'class="progress"' in dom and 'class="tree"' in dom
+    check_pictures(dom, uninterrupted)  # the drawn points and nodes are the run's recorded scores
     shot = tmp_path / "report.png"
     subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True,
                    timeout=120, check=True)  # fmt: skip

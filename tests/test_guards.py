@@ -360,3 +360,73 @@ def test_the_manifest_hashes_each_guards_files(data_dir: Path, tmp_path: Path):
     assert "locomo/locomo-sample.json" in data["guard:locomo:all@1"] or (
         "locomo/locomo10.json" in data["guard:locomo:all@1"]
     )
+
+
+# --- data roots ----------------------------------------------------------------------------
+
+
+def test_a_guard_of_another_bench_reads_the_guard_data_root(tmp_path: Path):
+    from evolve.benches.guards import guard_root
+    from evolve.config import stored_config
+
+    run, shared = tmp_path / "mine", tmp_path / "shared"
+    locomo, beam = parse_guard("locomo:all@1"), parse_guard("beam:holdout@1")
+    assert guard_root(locomo, "beam", run, shared) == shared
+    assert guard_root(beam, "beam", run, shared) == run  # the run's own bench: its data dir
+    assert guard_root(locomo, "beam", run, None) == run
+    cfg = run_config(run, tmp_path, guards=("locomo:all@1", "beam:holdout@1"))
+    assert [cfg.guard_root(g) for g in (locomo, beam)] == [run, run]
+    assert "guard_data_dir" not in cfg.as_json()  # stored as before the field existed
+    moved = cfg.replace(guard_data_dir=str(shared))
+    assert moved.as_json()["guard_data_dir"] == str(shared)
+    assert [moved.guard_root(g) for g in (locomo, beam)] == [shared, run]
+    again = stored_config({"config": moved.as_json()}, "r")
+    assert again == moved and stored_config({"config": cfg.as_json()}, "r") == cfg
+
+
+def test_the_cli_reads_guards_of_other_benches_from_the_guard_data_root(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+):
+    """A run on a data dir holding BEAM only: its LoCoMo guard is read from --guard-data-dir,
+    else the data dir (where it is missing; $PRISMEM_DATA is the default only for a bench whose
+    data dir is a folder of its own, tests/test_user_bench.py); its BEAM guard from the data
+    dir whatever the guard data root."""
+    from evolve.cli.main import build_parser
+    from evolve.cli.runconfig import run_config as flags_config
+    from evolve.datasets.slices import write_slice
+    from evolve.evolution.manifest import build_manifest
+
+    mine = write_slice(data_dir, tmp_path / "mine")  # BEAM's train and valid, nothing else
+    for name in ("PRISMEM_DATA", "EVOLVE_DATA"):
+        monkeypatch.delenv(name, raising=False)
+    common = ["--dry-run", "--data-dir", str(mine), "--runs-dir", str(tmp_path / "runs")]
+    locomo = ["--guard", "locomo:all@1"]
+    code, _, err = run_cli(capsys, *common, *locomo)
+    assert code == 2 and "guard locomo:all@1" in err and "Traceback" not in err
+    code, out, _ = run_cli(capsys, *common, *locomo, "--guard-data-dir", str(data_dir))
+    assert code == 0 and "guard locomo:all@1: 1 conversation" in out
+    code, _, err = run_cli(capsys, *common, "--guard", "beam:holdout@1",
+                           "--guard-data-dir", str(data_dir))  # fmt: skip
+    assert code == 2 and "guard beam:holdout@1" in err  # the slice holds no holdout
+    code, _, err = run_cli(capsys, *common, *locomo, "--guard-data-dir", str(tmp_path / "no"))
+    assert code == 2 and "--guard-data-dir" in err
+    monkeypatch.setenv("PRISMEM_DATA", str(data_dir))
+    code, out, err = run_cli(capsys, *common)  # beam's data dir is a data root: read it only
+    assert code == 0 and "default guard locomo:all@1 left out" in err
+    # the stored config names the root; the manifest hashes the guard's files under it
+    given = ["--guard-data-dir", str(data_dir)]
+    cfg = flags_config(build_parser().parse_args(["run", *common[1:], *locomo, *given]))
+    assert cfg.guard_data_dir == str(data_dir.resolve())
+    manifest = build_manifest(cfg)
+    assert manifest["config"]["guard_data_dir"] == str(data_dir.resolve())
+    assert "locomo/locomo-sample.json" in manifest["data"]["guard:locomo:all@1"]
+    RunStore.create(tmp_path / "runs", manifest, run_id="rooted")  # resumed: the root is kept
+    resume = ["--resume", "rooted", "--runs-dir", str(tmp_path / "runs"), "--dry-run"]
+    monkeypatch.delenv("PRISMEM_DATA")
+    code, out, _ = run_cli(capsys, *resume)
+    assert code == 0 and "guard locomo:all@1: 1 conversation" in out
+    code, _, err = run_cli(capsys, *resume, "--guard-data-dir", str(mine))
+    assert code == 2 and "--guard-data-dir cannot move them on --resume" in err
+    same = flags_config(build_parser().parse_args(["run", *common[1:], "--data-dir",
+                                                   str(data_dir), *locomo]))  # fmt: skip
+    assert same.guard_data_dir is None and "guard_data_dir" not in build_manifest(same)["config"]

@@ -218,6 +218,20 @@ def test_expected_failures_are_one_error_line(
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and words in err
 
 
+def test_best_names_the_runs_best_overall(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    best = best_overall(RunStore.open(runs, RUN).candidates())
+    assert best is not None
+    for ref in (f"{RUN}/best", "best"):
+        shown = as_json(capsys, "show", ref, "--runs-dir", str(runs))
+        assert shown["candidate"] == f"{RUN}/{best.id}"
+    empty = RunStore.create(tmp_path, {"config": {}}, run_id="empty")
+    empty.add_candidate("x = 1\n", parents=[], stage="seed", capability=None, message="seed")
+    code, _, err = cli(capsys, "show", "empty/best", "--runs-dir", str(tmp_path))
+    assert code == 2 and err.strip() == "error: run empty has no best yet (no candidate evaluated)"
+
+
 def test_no_runs_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     code, _, err = cli(capsys, "show", "c0001", "--runs-dir", str(tmp_path))
     assert code == 2 and err.strip() == f"error: no runs in {tmp_path}"

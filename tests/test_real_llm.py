@@ -29,8 +29,12 @@ import pytest
 from conftest import skip_or_fail
 from tenacity import wait_none
 
+from contract.types import Message, Segment
 from evolve.datasets.slices import write_slice
+from evolve.datasets.types import Conversation
+from evolve.datasets.userformat import Dataset, read_dataset, write_dataset
 from evolve.models.llm import JSONReplyError, LLMClient, LLMError, ModelConfig, Models
+from evolve.synth.checks import CHECKS
 
 pytestmark = pytest.mark.real_llm
 
@@ -276,3 +280,33 @@ def test_two_rounds_of_evolve_run_with_a_real_coder(
           "[calls, cached, prompt tokens, completion tokens]")  # fmt: skip
     for key, value in sorted(by_stage.items()):
         print(f"  {key}: {value}")
+
+
+def test_synth_writes_and_verifies_questions_on_a_tiny_history(server: str, tmp_path: Path) -> None:
+    """``evolve synth`` end to end on two short sessions, one window, one kind: it completes,
+    its output validates and its report's counts add up (the 135M model may write no question
+    that survives, or none at all: the counts then say so)."""
+    sessions = (
+        Segment("s1", "2024-01-05", (Message("m1", "user", "I adopted a beagle puppy named "
+                                             "Biscuit."),
+                                     Message("m2", "assistant", "Congratulations on Biscuit!"))),
+        Segment("s2", "2024-02-10", (Message("m3", "user", "I moved to Denver for a new job."),)),
+    )  # fmt: skip
+    dataset = Dataset("tiny", "hand", (Conversation("c1", sessions),), ())
+    folder = write_dataset(tmp_path / "data", dataset)
+    done = evolve("synth", str(folder), "--model", MODEL, "--api-base", server, "--kinds",
+                  "factual", "--per-window", "1", "--task-max-tokens", str(REPLY_TOKENS),
+                  "--jobs", "1", "--no-progress", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((folder / "synth" / "report.json").read_text())
+    assert report["tasks"]["total"] == report["tasks"]["finished"] == 1
+    asked = report["questions"]
+    assert asked["written"] == asked["kept"] + asked["rejected"]
+    assert len(read_dataset(folder).questions) == asked["kept"]  # the output validates
+    rejected = (folder / "synth" / "rejected.jsonl").read_text().splitlines()
+    assert len(rejected) == asked["rejected"]
+    total = report["counts"]["by_capability"]["all"]
+    assert total["written"] == asked["written"] == sum(total[c] for c in CHECKS) + total["kept"]
+    rows = calls(folder / "synth" / "llm-calls.sqlite")
+    assert {r["role"] for r in rows} == {"task"} and rows[0]["stage"] == "synth/write"
+    assert all(r["error"] is None and r["prompt_tokens"] > 0 for r in rows)

@@ -108,7 +108,7 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_shipped_benches_have_one_entry_each() -> None:
-    assert registry.names() == ("beam", "locomo", "longmemeval")
+    assert registry.names() == ("beam", "locomo", "longmemeval", "jsonl")
     assert len({entry.name for entry in registry.ENTRIES}) == len(registry.ENTRIES)
     assert registry.fetchable() == ("beam",)
     for entry in registry.ENTRIES:

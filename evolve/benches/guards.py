@@ -1,15 +1,22 @@
 """Guard sets: data a run never diagnoses, targets or tunes on, which its bests must not lose.
 
-Owns the guard spec's syntax (:class:`Guard`, :func:`parse_guard`) and :func:`load_guard`,
-which reads a guard's task set and refuses one that shares a conversation with the run's own
-splits. A run's default guards are its bench's (``Bench.guards``, :mod:`evolve.benches.registry`);
-the non-inferiority rule that reads guard scores is :mod:`evolve.evolution.archive`'s.
+Owns the guard spec's syntax (:class:`Guard`, :func:`parse_guard`), the rule of which data
+root a guard reads (:func:`guard_root`) and :func:`load_guard`, which reads a guard's task set
+and refuses one that shares a conversation with the run's own splits. A run's default guards
+are its bench's (``Bench.guards``, :mod:`evolve.benches.registry`); the non-inferiority rule
+that reads guard scores is :mod:`evolve.evolution.archive`'s.
 
 Spec: ``BENCH:SPLIT`` or ``BENCH:SPLIT@N``. ``SPLIT`` is any split the bench's loader reads
 (``evolve eval --split``; it may itself hold a colon, as in ``beam:all:500K``); ``@N`` keeps
 only its first N conversations (:meth:`~evolve.datasets.types.TaskSet.first`, the rule of
 ``--conversations``). :attr:`Guard.name` is the canonical spelling, and the key its scores are
 filed under on a candidate is :attr:`Guard.key` (``guard:<name>``).
+
+Data roots: a guard of the run's own bench reads the run's data dir (a user-format bench's
+folder holds its own guard split); a guard of another bench reads the guard data root
+(``evolve run --guard-data-dir``; by default the run's data dir, a data root holding every
+bench, but ``$PRISMEM_DATA`` for a bench whose data dir is a folder of its own, as a user's
+data is: ``Bench.own_folder``).
 
 Invariants: parsing needs no data (a config validates its guards offline); loading checks that
 the split exists, has questions, and shares no conversation with the run's train or valid, so
@@ -59,6 +66,15 @@ def parse_guard(text: str) -> Guard:
     if n is not None and int(n) < 1:
         raise ValueError(f"guard {text!r}: @N needs at least 1 conversation")
     return Guard(name, split, None if n is None else int(n))
+
+
+def guard_root(guard: Guard, bench_name: str, data_dir: Path, guard_data_dir: Path | None) -> Path:
+    """The data root ``guard`` reads in a run of bench ``bench_name`` whose data dir is
+    ``data_dir``: that dir for a guard of the same bench, else ``guard_data_dir`` (None: the
+    run's data dir)."""
+    if guard.bench == bench_name or guard_data_dir is None:
+        return data_dir
+    return guard_data_dir
 
 
 def load_guard(guard: Guard, data_dir: Path, run_splits: list[TaskSet]) -> TaskSet:

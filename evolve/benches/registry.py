@@ -31,8 +31,9 @@ from typing import Protocol
 from evolve.datasets import beam, locomo, longmemeval
 from evolve.datasets.fetch import fetch_beam
 from evolve.datasets.types import DataError, TaskSet
+from evolve.datasets.userbench import LOADER as user_loader
 from evolve.models.llm import LLMClient, ModelConfig
-from evolve.scoring import beam_judge
+from evolve.scoring import beam_judge, userjudge
 from evolve.scoring import locomo as locomo_scoring
 from evolve.scoring import longmemeval as longmemeval_scoring
 from evolve.scoring.answers import AnswerScorer
@@ -86,6 +87,9 @@ class Bench:
     guards: tuple[str, ...] = ()  # a new run's guard specs when --guard is not given
     conversations: int | None = None  # a new run's train and valid size (None: whole splits)
     fetch: Fetch | None = None  # downloads its release (``evolve data fetch``)
+    # its --data-dir is a folder of its own, holding no other bench (a guard of another bench
+    # reads $PRISMEM_DATA by default); False: a data root that holds the other benches too
+    own_folder: bool = False
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -127,6 +131,8 @@ class Bench:
 # conversations of train and valid: the seed's first evaluation, mostly encoding, grows with
 # every conversation read (docs/performance.md, "The default run"); LoCoMo's judged fitness
 # reads the official rule for category 5, which its judge protocol leaves out.
+# `jsonl` is a user-format folder (--data-dir DIR, docs/user-format.md): no default guards, whole
+# splits.
 ENTRIES: tuple[Bench, ...] = (
     Bench("beam", beam, beam_judge.Scorer, BenchMetrics(("beam_{variant}",), ("answer_f1",)),
           guards=("locomo:all@1", "beam:guard@1"), conversations=2, fetch=fetch_beam),
@@ -134,6 +140,8 @@ ENTRIES: tuple[Bench, ...] = (
           BenchMetrics(("judge_correct", "f1_official"), ("f1_official",))),
     Bench("longmemeval", longmemeval, longmemeval_scoring.Scorer,
           BenchMetrics(("judge_correct",), ("answer_f1",))),
+    Bench("jsonl", user_loader, userjudge.Scorer,
+          BenchMetrics(("judge_correct",), ("answer_f1",)), own_folder=True),
 )  # fmt: skip
 REGISTRY: dict[str, Bench] = {entry.name: entry for entry in ENTRIES}
 

@@ -93,7 +93,7 @@ MAX_CONVERSATIONS = 1_000_000
 MAX_TOKENS_CAP = 10**15
 
 
-def _ranged(cast: Callable[[str], Any], low: float, high: float, what: str) -> Any:
+def ranged(cast: Callable[[str], Any], low: float, high: float, what: str) -> Any:
     """An argparse ``type``: a finite number ``cast`` from the text within ``[low, high]``."""
     return _bounded(cast, lambda v: math.isfinite(v) and low <= v <= high, what)
 
@@ -104,20 +104,18 @@ non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = _bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 positive_float = _bounded(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-reply_tokens = _ranged(int, 1, MAX_REPLY_TOKENS, f"an integer from 1 to {MAX_REPLY_TOKENS:,}")
-llm_concurrency = _ranged(
-    int, 1, MAX_LLM_CONCURRENCY, f"an integer from 1 to {MAX_LLM_CONCURRENCY}"
-)
+reply_tokens = ranged(int, 1, MAX_REPLY_TOKENS, f"an integer from 1 to {MAX_REPLY_TOKENS:,}")
+llm_concurrency = ranged(int, 1, MAX_LLM_CONCURRENCY, f"an integer from 1 to {MAX_LLM_CONCURRENCY}")
 llm_timeout = _bounded(
     float,
     lambda v: math.isfinite(v) and 0 < v <= MAX_LLM_TIMEOUT_S,
     f"a number of seconds > 0 and at most {MAX_LLM_TIMEOUT_S:g} (one hour)",
 )
-watch_seconds = _ranged(int, 1, MAX_WATCH_S, f"an integer from 1 to {MAX_WATCH_S} (a day)")
-repairs_count = _ranged(int, 0, MAX_REPAIRS, f"an integer from 0 to {MAX_REPAIRS}")
-token_cap = _ranged(int, 0, MAX_TOKENS_CAP, f"an integer from 0 to {MAX_TOKENS_CAP:.0e}")
-children_count = _ranged(int, 1, MAX_CHILDREN, f"an integer from 1 to {MAX_CHILDREN}")
-minibatch_count = _ranged(int, 1, MAX_CONVERSATIONS, f"an integer from 1 to {MAX_CONVERSATIONS:,}")
+watch_seconds = ranged(int, 1, MAX_WATCH_S, f"an integer from 1 to {MAX_WATCH_S} (a day)")
+repairs_count = ranged(int, 0, MAX_REPAIRS, f"an integer from 0 to {MAX_REPAIRS}")
+token_cap = ranged(int, 0, MAX_TOKENS_CAP, f"an integer from 0 to {MAX_TOKENS_CAP:.0e}")
+children_count = ranged(int, 1, MAX_CHILDREN, f"an integer from 1 to {MAX_CHILDREN}")
+minibatch_count = ranged(int, 1, MAX_CONVERSATIONS, f"an integer from 1 to {MAX_CONVERSATIONS:,}")
 # ``--conversations``: a count, or "all" (the whole splits; the run's config stores None); a
 # count larger than a split holds is refused where the split is read (the data's bound)
 conversation_count = _bounded(
@@ -132,7 +130,7 @@ def jobs_count(text: str) -> int:
     most = JOBS_PER_CPU * cores.count()
     what = f"an integer from 1 to {most} ({JOBS_PER_CPU} per CPU; this machine has " \
         f"{cores.count()})"  # fmt: skip
-    value: int = _ranged(int, 1, most, what)(text)
+    value: int = ranged(int, 1, most, what)(text)
     return value
 
 

@@ -31,7 +31,7 @@ from rich.table import Table
 from evolve.cli.common import ProgressBar, UsageError, err, jobs_count, out, watch_seconds
 from evolve.cli.eval import ceiling_line
 from evolve.cli.inspect import CANDIDATE_HELP, command, emit, name, open_run, resolve, run_command
-from evolve.datasets.types import CAPABILITY_NAMES
+from evolve.datasets.types import group_title
 from evolve.evaluation.identity import read_scored_as
 from evolve.evolution import export
 from evolve.evolution.archive import fitness
@@ -101,7 +101,7 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     table = Table(title=f"test scores of {ref} (frozen)")
     for column in ("capability", "n", "fitness", "similarity", "hit rate"):
         table.add_column(column, justify="left" if column == "capability" else "right")
-    rows = [(f"{cap} {CAPABILITY_NAMES[cap]}", row) for cap, row in test.by_capability.items()]
+    rows = [(group_title(cap), row) for cap, row in test.by_capability.items()]
     for label, row in [*rows, ("[bold]overall", test.overall)]:
         table.add_row(label, str(row.n), fmt_score(fitness(row)),
                       fmt_score(row.metric("evidence_similarity")),

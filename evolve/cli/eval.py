@@ -1,12 +1,12 @@
-"""The ``evolve`` commands that evaluate programs: ``eval``, ``compare``, ``check`` and ``data``.
+"""The ``evolve`` commands that evaluate programs: ``eval``, ``compare`` and ``check``.
 
-Each command delegates to one module: ``eval`` to :mod:`evolve.evaluation.executor`, ``compare`` to
-:mod:`evolve.compare`, ``check`` to :mod:`sandbox.check`, ``data fetch`` to
-:mod:`evolve.datasets.fetch`; what is left here is parsing their flags and rendering their
-results. Errors follow :mod:`evolve.cli.common`: one ``error:`` line and exit status 2;
-``check`` exits 1 when a program fails a tier, ``eval`` when every question failed. The engine
-modules are imported inside the command that runs them, so that the commands that only read a
-run (``evolve runs``, ...) do not load the engine.
+Each command delegates to one module: ``eval`` to :mod:`evolve.evaluation.executor` (and, when
+BEAM is missing on an interactive terminal, offers :mod:`evolve.datasets.fetch`), ``compare``
+to :mod:`evolve.compare`, ``check`` to :mod:`sandbox.check`; what is left here is parsing their
+flags and rendering their results. Errors follow :mod:`evolve.cli.common`: one ``error:`` line
+and exit status 2; ``check`` exits 1 when a program fails a tier, ``eval`` when every question
+failed. The engine modules are imported inside the command that runs them, so that the
+commands that only read a run (``evolve runs``, ...) do not load the engine.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from evolve.benches.registry import bench, fetchable
+from evolve.benches.registry import bench
 from evolve.cli.common import (
     ProgressBar,
     UsageError,
@@ -38,8 +38,7 @@ from evolve.cli.common import (
     split_name,
     task_config,
 )
-from evolve.datasets.types import CAPABILITY_NAMES, DataError, TaskSet
-from evolve.environment import folder
+from evolve.datasets.types import GROUPS, DataError, TaskSet, group_title
 from evolve.evaluation.distributed import make_backend
 from evolve.models.clients import role_client
 from evolve.scoring import fmt_score
@@ -123,16 +122,6 @@ def sliced(tasks: TaskSet, given: int | str) -> TaskSet:
               f"{len(tasks.conversations)} conversations ({len(kept.questions)} questions)",
               highlight=False)  # fmt: skip
     return kept
-
-
-def add_data(sub: Any) -> None:
-    """Register ``data fetch``."""
-    data = sub.add_parser("data", help="benchmark data")
-    data_sub = data.add_subparsers(dest="data_command", required=True)
-    fetch = data_sub.add_parser("fetch", help="download a benchmark release into the data dir")
-    fetch.add_argument("bench", choices=list(fetchable()))
-    fetch.add_argument("--data-dir", help="benchmark data root (default: $PRISMEM_DATA)")
-    fetch.add_argument("--sizes", default="100K,1M", help="comma-separated: 100K,500K,1M,10M")
 
 
 def backend_of(args: argparse.Namespace) -> Any:
@@ -255,7 +244,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(json.dumps({"bench": tasks.bench, "split": tasks.split, "programs": programs},
                          indent=2))  # fmt: skip
         return _say_failures(rows, len(tasks.questions))
-    caps = [c for c in CAPABILITY_NAMES if any(c in r.by_capability for r in rows)]
+    caps = [c for c in GROUPS if any(c in r.by_capability for r in rows)]
     mode = rows[0].fitness_mode if rows else None
     name, definition = (mode.name, mode.definition) if mode else ("retrieval", "")
     table = Table(title=f"{tasks.bench} {tasks.split}: {len(tasks.questions)} questions · fitness "
@@ -318,19 +307,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def cmd_fetch(args: argparse.Namespace) -> int:
-    fetch = bench(args.bench).fetch
-    if fetch is None:
-        raise UsageError(f"{args.bench} has no release to fetch")
-    root = Path(args.data_dir or folder("DATA") or "")
-    if not str(root) or str(root) == ".":
-        raise UsageError("no data directory: pass --data-dir DIR or set PRISMEM_DATA")
-    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    fetch(root, sizes)
-    err.print(f"BEAM {', '.join(sizes)} written under {root / 'beam'}")
-    return 0
-
-
 def _confirm_fetch(exc: DataError) -> bool:
     """Offer to download BEAM when it is missing (interactive terminals only)."""
     if not sys.stdin.isatty():
@@ -376,7 +352,7 @@ def _print_report(report: EvalReport) -> None:
               f"{meta.questions} questions in {meta.conversations} conversations · "
               f"program {meta.program} ({meta.program_hash[:8]})")  # fmt: skip
     metrics = meta.metrics
-    by_cap = {f"{c} {CAPABILITY_NAMES[c]}": row for c, row in scores.by_capability.items()}
+    by_cap = {group_title(c): row for c, row in scores.by_capability.items()}
     by_cap["[bold]overall"] = scores.overall
     threshold = f"hit threshold {meta.hit_threshold}"
     out.print(_score_table(f"scores by capability ({threshold})", "capability", by_cap, metrics))

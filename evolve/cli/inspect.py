@@ -34,9 +34,9 @@ from rich.text import Text
 from rich.tree import Tree
 
 from evolve.cli.common import UsageError, add_runs_dir, err, out
-from evolve.datasets.types import CAPABILITIES
+from evolve.datasets.types import CAPABILITIES, GROUPS
 from evolve.evolution import summary
-from evolve.evolution.archive import fitness
+from evolve.evolution.archive import archive, fitness
 from evolve.evolution.store import (
     CandidateMeta,
     CandidateNotFound,
@@ -49,10 +49,11 @@ from evolve.scoring import fmt_score
 from sandbox.printable import printable
 
 CANDIDATE_HELP = (
-    "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003. A bare ID is looked up in "
-    "--run RUN, else in the newest run"
+    "RUN/ID (or RUN:ID); ID may be a unique prefix such as c0003, or best (the run's best "
+    "overall, as status shows it). A bare ID is looked up in --run RUN, else in the newest run"
 )
 MESSAGE_WIDTH = 60
+BEST = "best"  # the candidate reference of a run's best overall
 
 
 def command(sub: Any, name: str, help: str, *, run: bool = False) -> argparse.ArgumentParser:
@@ -139,6 +140,11 @@ def resolve(
         store = default
     else:
         store = open_run(runs_dir, run)
+    if parts[-1] == BEST:
+        kept = archive(store.candidates()).best
+        if kept is None:
+            raise UsageError(f"run {store.run_id} has no best yet (no candidate evaluated)")
+        return store, kept
     return store, store.get(parts[-1])
 
 
@@ -264,15 +270,16 @@ def cmd_programs(args: argparse.Namespace) -> int:
                    "transfer": transfer and transfer.as_json()}):  # fmt: skip
         return 0
     held = transfer.held_back if transfer else {}
+    caps = [c for c in GROUPS if c in CAPABILITIES or any(c in r.by_capability for r in rows)]
     cells = [
         [r.id + (" *" if r.frozen else "") + (" !" if r.id in held else ""), r.stage,
          r.capability or "", r.status,
          ", ".join(p.split("-")[0] for p in r.parents), fmt_score(r.valid_fitness),
-         *(fmt_score(r.by_capability.get(cap)) for cap in CAPABILITIES),
+         *(fmt_score(r.by_capability.get(cap)) for cap in caps),
          r.message[:MESSAGE_WIDTH]]
         for r in rows
     ]  # fmt: skip
-    headers = ["id", "stage", "cap", "status", "parents", "valid", *CAPABILITIES]
+    headers = ["id", "stage", "cap", "status", "parents", "valid", *caps]
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
     notes = ["* frozen"] if any(r.frozen for r in rows) else []
     notes += ["! won valid, held back by a guard (below)"] if held else []
@@ -284,7 +291,7 @@ def cmd_programs(args: argparse.Namespace) -> int:
                   caption="; ".join(notes) or None, box=box.SIMPLE_HEAD, padding=(0, 1),
                   pad_edge=False, collapse_padding=True)  # fmt: skip
     for column, width in zip(headers, widths, strict=True):  # fixed; the message gets the rest
-        justify: JustifyMethod = "right" if column in ("valid", *CAPABILITIES) else "left"
+        justify: JustifyMethod = "right" if column in ("valid", *caps) else "left"
         table.add_column(column, justify=justify, no_wrap=True, min_width=width)
     room = out.width - sum(widths) - 2 * len(widths) - 2
     table.add_column("message", no_wrap=True, overflow="ellipsis", max_width=max(8, room))

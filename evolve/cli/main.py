@@ -2,10 +2,12 @@
 
 Owns the parser (:func:`build_parser`) and the dispatch (:func:`main`, the console script and
 ``python -m evolve``). The commands live in :mod:`evolve.cli.eval` (``eval``, ``compare``,
-``check``, ``data``), :mod:`evolve.cli.run` (``run``), :mod:`evolve.cli.inspect` (the commands
-that read a run) and :mod:`evolve.cli.deliver` (those that freeze, export and report it), which
-share :mod:`evolve.cli.common`; imports go one way, from this module down to the command modules
-(``deliver`` uses ``inspect``'s helpers) and from them to ``common``.
+``check``), :mod:`evolve.cli.data` (``data``), :mod:`evolve.cli.synth` (``synth``),
+:mod:`evolve.cli.run` (``run``),
+:mod:`evolve.cli.inspect` (the commands that read a run) and :mod:`evolve.cli.deliver` (those
+that freeze, export and report it), which share :mod:`evolve.cli.common`; imports go one way,
+from this module down to the command modules (``deliver`` uses ``inspect``'s helpers) and from
+them to ``common``.
 
 Every expected failure (bad flag, missing or malformed data, unreadable program, a run whose
 stored configuration does not load) ends with one ``error:`` line on stderr and exit status 2
@@ -25,11 +27,12 @@ from collections.abc import Callable
 
 from rich.markup import escape
 
-from evolve.cli import cache, deliver, inspect, run
+from evolve.cli import cache, data, deliver, inspect, run, synth
 from evolve.cli import eval as eval_commands
 from evolve.cli.common import Parser, UsageError, check_settings, err, report_damage
 from evolve.config import ConfigError
 from evolve.datasets.types import DataError
+from evolve.datasets.userformat import Invalid
 from evolve.models.llm import LLMError
 from sandbox import barrier
 
@@ -42,7 +45,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": eval_commands.cmd_check,
     **{name: inspect.dispatch for name in inspect.COMMANDS},
     **{name: deliver.dispatch for name in deliver.COMMANDS},
-    "data": eval_commands.cmd_fetch,
+    "data": data.cmd_data,
+    "synth": synth.cmd_synth,
     "cache": cache.cmd_cache,
 }
 
@@ -55,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     eval_commands.add_compare_check(sub)
     inspect.add_commands(sub)
     deliver.add_commands(sub)
-    eval_commands.add_data(sub)
+    data.add_command(sub)
+    synth.add_command(sub)
     cache.add_command(sub)
     for name in ISOLATED:
         sub.choices[name].add_argument(
@@ -93,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a reader that left is found here, not at the interpreter's exit
         return code
+    except Invalid as exc:  # a data folder's every problem, each its own line
+        for line in exc.lines():
+            err.print(f"[red]error:[/] {escape(line)}", highlight=False, markup=True)
+        return 2
     except (UsageError, DataError, ConfigError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2

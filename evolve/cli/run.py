@@ -47,6 +47,7 @@ from evolve.config import (
     SPLITS,
     RunConfig,
 )
+from evolve.evolution.annotate import unlabelled
 from evolve.evolution.archive import MARGIN
 from evolve.evolution.budget import estimate, read_spend
 from evolve.evolution.constants import rebuild_names
@@ -156,6 +157,14 @@ def add_command(sub: Any) -> None:
         + "; ".join(f"{', '.join(b.guards)} on {b.name}" for b in ENTRIES if b.guards)
         + ", none elsewhere)",
     )
+    run.add_argument(
+        "--guard-data-dir",
+        metavar="DIR",
+        default=None,
+        help="data root of the guards of another bench than --bench's (a guard of the run's own "
+        "bench reads --data-dir; default: --data-dir, but for --bench jsonl (a folder of your own "
+        "data) $PRISMEM_DATA when set)",
+    )
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or capped run")
     ablations = run.add_argument_group("ablations (docs/design.md §4)")
     ablations.add_argument(
@@ -259,6 +268,7 @@ def _cmd_run(args: argparse.Namespace, held: list[RunStore]) -> int:
                   "[/] one unit per message, the question is the query, no answers")  # fmt: skip
     _say_fitness(config)
     _sayguards(config)
+    _say_unlabelled(config)
     if args.resume:
         _say_unrecovered(store)
         _rebuild_lost_log(store, config)
@@ -319,6 +329,27 @@ def _say_splits(config: RunConfig) -> None:
         chosen = ", ".join(f"{split} reads split {name!r}" for split, name in names.items())
         err.print(f"[yellow]{config.bench}: {chosen}[/] (the data holds no full train and valid "
                   "split; README, Benchmarks)", highlight=False)  # fmt: skip
+
+
+def _say_unlabelled(config: RunConfig) -> None:
+    """One line when train or valid holds questions with no capability (a user's): how many,
+    and who labels them (the annotator is the coder's model)."""
+    from evolve.evolution.wiring import task_set
+
+    tasks = [task_set(config, split) for split in SPLITS]
+    none = sum(len(unlabelled(t.questions)) for t in tasks)
+    if not none:
+        return
+    total = sum(len(t.questions) for t in tasks)
+    line = f"{none} of {total} train and valid questions carry no capability"
+    if config.coder_model is not None:
+        err.print(f"{line}: the annotator ({config.coder_model.model}) labels them for "
+                  "refinement", highlight=False)  # fmt: skip
+        return
+    err.print(f"[yellow]{line}[/]: they count in overall fitness and show as unlabelled, but "
+              "no refinement targets them (an annotator labels them: --coder M, default "
+              "--model; or label them once with evolve data annotate DIR --model M)",
+              highlight=False)  # fmt: skip
 
 
 def _say_unrecovered(store: RunStore) -> None:

@@ -2,16 +2,22 @@
 checks made before a run folder is created.
 
 Owns :func:`run_config` (a new run's configuration, or a resumed run's stored one with this
-invocation's raised caps), :func:`guards`, :func:`conversations_slice`, :func:`check_seed`,
-:func:`check_tasks` and :func:`open_run`; :mod:`evolve.cli.run` parses and reports.
+invocation's raised caps), :func:`guards`, :func:`guard_data_dir` and
+:func:`stored_guard_root` (the data root of guards of other benches: ``--guard-data-dir``, else
+``$PRISMEM_DATA`` for a bench whose data dir is a folder of its own, else the run's data
+dir), :func:`conversations_slice`, :func:`check_seed`, :func:`check_tasks` and
+:func:`open_run`; :mod:`evolve.cli.run` parses and reports.
 
 Invariants:
 
 - Every refusal is one :class:`~evolve.cli.common.UsageError` line, raised before a run folder
   exists (a new run) or before anything of the run changes (``--resume``).
-- A resumed run keeps what its scores rest on: its bench, fitness, cache folder and guards
-  cannot change on ``--resume``; only caps, transport limits and rounds may be raised.
-- Paths are stored absolute, so a run may be resumed from another directory.
+- A resumed run keeps what its scores rest on: its bench, fitness, cache folder, guards and
+  their data root cannot change on ``--resume``; only caps, transport limits and rounds may be
+  raised.
+- Paths are stored absolute, so a run may be resumed from another directory. The guard data
+  root is stored only where a guard of another bench reads a root other than the data dir, so
+  the config of any other run is stored as before ``--guard-data-dir`` existed.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from evolve.cli.common import (
 )
 from evolve.config import SPLITS, RunConfig, stored_config
 from evolve.datasets.types import DataError
+from evolve.environment import folder
 from evolve.evolution.store import RunNotFound, RunStore
 from evolve.resources import seed_file
 from evolve.scoring.fitness import mismatch
@@ -77,10 +84,13 @@ def run_config(args: argparse.Namespace) -> RunConfig:
             raise UsageError(f"run {args.resume} keeps its cache at {config.cache_dir}; "
                              "--cache-dir cannot move it on --resume (move the folder back, or "
                              "start a new run)")  # fmt: skip
-        root = Path(config.data_dir)
-        if args.guard is not None and sorted(guards(args.guard, config.bench, root)) != sorted(
-            config.guards
-        ):
+        if args.guard_data_dir is not None and guard_data_dir(
+            args.guard_data_dir, config.data_dir, config.bench
+        ) != (config.guard_data_dir or config.data_dir):
+            raise UsageError(f"run {args.resume} reads its guards of other benches from "
+                             f"{config.guard_data_dir or config.data_dir}; --guard-data-dir "
+                             "cannot move them on --resume (start a new run)")  # fmt: skip
+        if args.guard is not None and sorted(guards(args.guard, config)) != sorted(config.guards):
             raise UsageError(f"run {args.resume} keeps the guards it started with "
                              f"({', '.join(config.guards) or 'none'}); --guard cannot change "
                              "them (start a new run)")  # fmt: skip
@@ -95,9 +105,10 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     default_seed = "simple.py" if coder else "hybrid.py"
     seed = args.seed or seed_file(default_seed)
     read_program(Path(seed), "seed program")
-    return RunConfig(
+    root = str(data_dir(args.data_dir).resolve())
+    config = RunConfig(
         # absolute paths: a resumed run may be started from another directory
-        data_dir=str(data_dir(args.data_dir).resolve()), seed_program=str(Path(seed).resolve()),
+        data_dir=root, seed_program=str(Path(seed).resolve()),
         bench=args.bench or "beam", rounds=rounds, jobs=args.jobs,
         cache_dir=str(Path(args.cache_dir or default_cache_dir()).resolve()),
         embedder=args.embedder, task_model=task,
@@ -109,18 +120,44 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         offline_search=args.offline_search, index_moves=args.index_moves,
         reuse=not args.no_reuse, children=args.children, cascade=not args.no_cascade,
         minibatch=args.minibatch, rng_seed=args.search_seed,
-        guards=guards(args.guard, args.bench or "beam", data_dir(args.data_dir)), **caps,
+        guard_data_dir=guard_data_dir(args.guard_data_dir, root, args.bench or "beam"), **caps,
     )  # fmt: skip
+    config = config.replace(guards=guards(args.guard, config))
+    return config.replace(guard_data_dir=stored_guard_root(config))
 
 
-def guards(given: list[str] | None, bench: str, root: Path) -> tuple[str, ...]:
+def guard_data_dir(given: str | None, root: str, bench: str) -> str:
+    """The guard data root of a run of ``bench`` whose data dir is ``root``, absolute:
+    ``--guard-data-dir`` (``given``; one error line when it is not a folder), else, for a bench
+    whose data dir is a folder of its own (``Bench.own_folder``: a user's data), ``$PRISMEM_DATA``
+    when set, else ``root`` (a data root holds the other benches too)."""
+    own = registry.bench(bench).own_folder
+    path = Path(given or (own and folder("DATA")) or root).expanduser()
+    if given and not path.is_dir():
+        raise UsageError(f"--guard-data-dir: data directory {path} does not exist")
+    return str(path.resolve())
+
+
+def stored_guard_root(config: RunConfig) -> str | None:
+    """``config.guard_data_dir`` as the run stores it: None (read from the data dir, as a run
+    stored before the field existed) unless a guard of another bench reads a different root."""
+    if config.guard_data_dir == config.data_dir:
+        return None
+    if all(parse_guard(spec).bench == config.bench for spec in config.guards):
+        return None
+    return config.guard_data_dir
+
+
+def guards(given: list[str] | None, config: RunConfig) -> tuple[str, ...]:
     """The run's guard specs: the flags' (``none``: no guards), else the bench's default
-    (``Bench.guards``, :mod:`evolve.benches.registry`) less those whose data ``root`` lacks, each
-    left out in one warning line; a spec that does not parse is one error line."""
+    (``Bench.guards``, :mod:`evolve.benches.registry`) less those whose data root
+    (:meth:`~evolve.config.RunConfig.guard_root`) lacks their files, each left out in one warning
+    line; a spec that does not parse is one error line."""
     if given is None:
         kept = []
-        for spec in registry.bench(bench).guards:
+        for spec in registry.bench(config.bench).guards:
             guard = parse_guard(spec)
+            root = config.guard_root(guard)
             try:
                 registry.bench(guard.bench).split_files(root, guard.split, guard.conversations)
             except DataError as exc:

@@ -12,7 +12,8 @@ Invariants:
 - `Question.meta["posed"]`, when present, is the question as the benchmark's protocol poses it
   to the answer model (planning and retrieval see `Question.question`).
 - `Question.capability` is the *native* capability of the benchmark's question type (docs/design.md
-  §3); it is used to group results and is never shown to a memory program.
+  §3), or "" for a question that carries none (a user's); it is used to group results (the
+  questions with "" under :data:`UNLABELLED`) and is never shown to a memory program.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ CAPABILITY_NAMES: dict[str, str] = {
     "M": "multi-session synthesis",
     "A": "adversarial handling",
 }
+UNLABELLED = "unlabelled"  # the results group of the questions whose capability is ""
+GROUPS: tuple[str, ...] = (*CAPABILITIES, UNLABELLED)  # per-capability result groups, in order
+
+
+def group_title(group: str) -> str:
+    """A per-capability result group as tables name it: ``F factual retrieval``, ``unlabelled``."""
+    return f"{group} {CAPABILITY_NAMES[group]}" if group in CAPABILITY_NAMES else group
 
 
 class DataError(Exception):

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from evolve.datasets.types import Conversation, Question
+from evolve.datasets.types import UNLABELLED, Conversation, Question
 from evolve.models.embed import Embedder
 from evolve.scoring.retrieval import blocks
 from evolve.trace import QuestionTrace
@@ -84,15 +84,15 @@ def question_diagnostics(
 
 
 def summarize(traces: list[QuestionTrace]) -> dict[str, dict[str, float | None]]:
-    """Means of every diagnostic per capability and overall (``"overall"``), from traces that
-    carry ``diagnostics`` and offline scores."""
+    """Means of every diagnostic per capability (the questions with none under ``unlabelled``)
+    and overall (``"overall"``), from traces that carry ``diagnostics`` and offline scores."""
     groups: dict[str, list[dict[str, float | None]]] = defaultdict(list)
     for t in traces:
         if not t.diagnostics:
             continue
         row = {**t.diagnostics, "d_ret": t.scores.get("evidence_similarity"),
                "retrieved_chars": float(len(t.retrieved_text))}  # fmt: skip
-        groups[t.capability or "?"].append(row)
+        groups[t.capability or UNLABELLED].append(row)
         groups[OVERALL].append(row)
 
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:

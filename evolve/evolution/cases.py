@@ -16,8 +16,9 @@ Invariants: cases come from the train split only (the loop passes train traces a
 task set). The order is deterministic: :class:`WorstFirst` takes the lowest fitness
 (:func:`evolve.evolution.archive.score_fitness`, ties by question id); :class:`SeededDraw`
 shuffles that order with a generator seeded by the run seed and the round. With labels, a
-target capability selects the tasks whose primary or secondary label is that capability. At
-most :data:`MAX_EVIDENCE` evidence messages per case.
+target capability selects the tasks whose primary or secondary label is that capability (an
+unlabelled task is never selected). A case names its question's native capability, or
+``unlabelled``. At most :data:`MAX_EVIDENCE` evidence messages per case.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from evolve.datasets.types import Question, TaskSet
+from evolve.datasets.types import UNLABELLED, Question, TaskSet
 from evolve.evaluation.diagnostics import unit_text
 from evolve.evolution.annotate import Labels
 from evolve.evolution.archive import score_fitness
@@ -147,7 +148,7 @@ def _case(
         units.append([unit_text(u) for u in stored or []])
     case: dict[str, Any] = {
         "id": q.id,
-        "capability": q.capability,
+        "capability": q.capability or UNLABELLED,
         "ability": q.ability,
         "question": q.question,
         "reference_answer": q.gold,

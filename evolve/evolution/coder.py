@@ -41,7 +41,7 @@ import re
 from typing import Any
 
 from contract import spec
-from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
+from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES, GROUPS, group_title
 from evolve.evaluation.report import Diagnostics, MetricRow, ScoreBlock
 from evolve.evolution.candidate import TRAIN
 from evolve.evolution.proposer import CandidateView, Proposal, Request
@@ -144,14 +144,14 @@ Change what the diagnosis calls for; keep everything else as it is.
 
 def _score_table(scores: dict[str, ScoreBlock], split: str) -> str:
     block = scores.get(split, ScoreBlock())
-    rows = [(None, block.overall), *((c, block.by_capability.get(c)) for c in CAPABILITIES)]
+    rows = [(None, block.overall), *((c, block.by_capability.get(c)) for c in GROUPS)]
     shown = (FITNESS_KEY, *METRICS)  # the fitness in force first, then the retrieval metrics
     lines = [f"| capability | n | {' | '.join(m.replace('_', ' ') for m in shown)} |",
              "|" + "---|" * (len(shown) + 2)]  # fmt: skip
     for cap, row in rows:
         if row is None or not row.as_scores():
             continue
-        label = "overall" if cap is None else f"{cap} {CAPABILITY_NAMES[cap]}"
+        label = "overall" if cap is None else group_title(cap)
         values = [fmt_score(row.metric(m)) for m in shown]
         lines.append(f"| {label} | {row.n} | {' | '.join(values)} |")
     return "\n".join(lines)

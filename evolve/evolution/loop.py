@@ -30,8 +30,9 @@ their questions carry that bench's native capabilities.
   test on the valid questions says it is better. Both are derived from the store, never kept
   separately, so they cannot drift from it. Each evaluation stores per-question fitness.
 - **Cold start** revises the best program with no target; **refinement** targets the best
-  program's weakest capability on train; **integration** merges the best program with the
-  specialists (the constant proposer crosses constants over; the coder merges code).
+  program's weakest capability on train (none where no train task has a label: a user's
+  questions with no capability and no annotator); **integration** merges the best program
+  with the specialists (the constant proposer crosses constants over; the coder merges code).
 - A child that fails the sandbox after its repairs is filed as ``rejected`` with the sandbox
   report, one the cascade stops as ``stopped``; a child whose proposals never produced a
   program files nothing and logs ``proposal_failed``. Each candidate records the errors of its
@@ -262,10 +263,11 @@ class Evolution:
         assert parent is not None
         holistic, k = self.config.holistic, self.config.children
         labels = self.labels()
-        target = None
-        if stage == "refinement" and not holistic:
-            target = self.selection.targets(parent, candidates, labels, stage_round, k)[child]
         train = self.tasks("train")
+        labelled = any(labels[q.id].labelled for q in train.questions)
+        target = None  # also where no train task has a label: nothing to target
+        if stage == "refinement" and not holistic and labelled:
+            target = self.selection.targets(parent, candidates, labels, stage_round, k)[child]
         traces = self.store.traces(parent.id, "train")
         others = [] if holistic or stage != "integration" else partners(
             parent, kept.specialists, round_no * k + child)  # fmt: skip

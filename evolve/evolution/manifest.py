@@ -62,9 +62,10 @@ def data_hashes(config: RunConfig, split: str) -> dict[str, str]:
 
 def guard_hashes(config: RunConfig) -> dict[str, dict[str, Any]]:
     """Per guard (``guard:<name>``): the sha256 of each data file it reads and of its bench's
-    split file."""
-    root, out = Path(config.data_dir), {}
+    split file; a data file's name is relative to the data root the guard reads."""
+    out: dict[str, dict[str, Any]] = {}
     for guard in map(parse_guard, config.guards):
+        root = config.guard_root(guard)
         files = bench(guard.bench).split_files(root, guard.split, guard.conversations)
         split_file = bench(guard.bench).splits_file
         out[guard.key] = {**{str(p.relative_to(root)): sha256_file(p) for p in files},

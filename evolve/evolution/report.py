@@ -1,15 +1,26 @@
 """The run report (``evolve report``): one self-contained HTML file that shows a whole run.
 
-Owns :func:`report_data` (everything the page shows, JSON-ready, derived from the run store and
-its call log), :func:`render_html`, :func:`write_report` and :func:`watch` (``evolve report
---watch``: the page rewritten while a run goes, reloading itself, until the run is finished).
+Owns :func:`report_data` (everything the page shows, derived from the run store and its call
+log: plain values, and the records of its two pictures, :mod:`evolve.evolution.charts`),
+:func:`render_html`, :func:`write_report` and :func:`watch` (``evolve report --watch``: the
+page rewritten while a run goes, reloading itself, until the run is finished).
 
 Sections, each an ``<section id=...>``: ``summary``, ``transfer`` (the best's and the seed's
 fitness on valid and on each guard set, beside the ceiling), ``matrix`` (capability ×
-candidate valid fitness), ``lineage`` (the tree with each node's stage and target
-capability), ``progress`` (best valid fitness so far per capability, by candidate),
-``spend`` (per role and per role/purpose), ``cache`` (step-cache hit rates of the evaluations)
-and ``integration`` (the specialists that went into each integrated program).
+candidate valid fitness), ``lineage`` (the drawn tree: each node's stage, status, target and
+valid fitness, the best and the candidates a guard held back marked; the same as a table
+behind a ``<details>``), ``progress`` (the best fitness so far by candidate on valid and on
+each guard set, with every candidate's own score, the seed and each split's ceiling; then valid
+per capability), ``spend`` (per role and per role/purpose), ``cache`` (step-cache hit rates of
+the evaluations) and ``integration`` (the specialists that went into each integrated program).
+
+What the pictures show is read as the rest of the report reads it: fitness by
+:func:`~evolve.evolution.summary.split_fitness`, ceilings by
+:func:`~evolve.evolution.summary.split_ceiling` (the seed's record), the guards and the
+guard tests a candidate failed from the archive's replay
+(:func:`~evolve.evolution.archive.archive`: ``held_back``), so the chart, the tree and the
+transfer table always agree. A marker is flagged held back where a guard held the candidate
+back from the role its series shows (overall: the best; a capability: its specialist).
 
 Invariants: the page needs no network and no script — styles are inline, charts are inline SVG,
 a watched page reloads by a meta refresh and is replaced atomically;
@@ -27,12 +38,25 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from contract.spec import COMPONENTS
-from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
-from evolve.evolution.archive import archive
+from evolve.benches.guards import KEY_PREFIX as GUARD_PREFIX
+from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES, UNLABELLED
+from evolve.evolution.archive import Archive, archive, guard_keys
 from evolve.evolution.budget import read_spend
+from evolve.evolution.candidate import VALID
+from evolve.evolution.charts import (
+    CeilingMark,
+    Node,
+    Panel,
+    Point,
+    Progress,
+    Series,
+    Tree,
+    progress_svg,
+    tree_svg,
+)
 from evolve.evolution.store import CandidateMeta, RunStore
 from evolve.evolution.summary import (
     fitness_mode,
@@ -47,6 +71,8 @@ from evolve.scoring import fmt_score
 
 TEMPLATE = "report.html.j2"  # beside this module
 COLOURS = {"F": "#1f77b4", "T": "#ff7f0e", "P": "#2ca02c", "M": "#d62728", "A": "#9467bd"}
+VALID_COLOUR = "#222222"
+GUARD_COLOURS = ("#e377c2", "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")  # one per guard, in turn
 
 
 def report_data(store: RunStore) -> dict[str, Any]:
@@ -54,28 +80,33 @@ def report_data(store: RunStore) -> dict[str, Any]:
     candidates = store.candidates()
     kept = archive(candidates)
     by_id = {c.id: c for c in candidates}
+    unlabelled = any(split_fitness(c, cap=UNLABELLED) is not None for c in candidates)
+    groups = (*CAPABILITIES, *([UNLABELLED] if unlabelled else []))  # the matrix's columns
     matrix = [
         {
             "id": c.id, "stage": c.stage, "target": c.capability, "status": c.status,
             "overall": split_fitness(c),
-            "by_capability": {cap: split_fitness(c, cap=cap) for cap in CAPABILITIES},
+            "by_capability": {cap: split_fitness(c, cap=cap) for cap in groups},
             "message": c.message,
         }
         for c in candidates
     ]  # fmt: skip
     spend = read_spend(store.root)
+    mode = fitness_mode(store.manifest)
     return {
         "run": store.run_id,
         "created": local_time(store.manifest.get("created")),
         "config": store.manifest.get("config", {}),
-        "fitness": fitness_mode(store.manifest),
-        "ceiling": _ceiling(candidates),
+        "fitness": mode,
+        "groups": groups,
+        "ceiling": _ceiling(candidates, groups),
         "best": kept.best.id if kept.best else None,
         "transfer": transfer(candidates, kept),
         "specialists": {cap: m.id for cap, m in kept.specialists.items()},
         "matrix": matrix,
         "lineage": _lineage(candidates),
-        "progress": _progress(candidates),
+        "progress": _progress(candidates, kept, mode.name),
+        "tree": _tree(candidates, kept),
         "spend": spend.as_json(),
         "cache": _cache_rates(candidates),
         "integration": [
@@ -88,13 +119,15 @@ def report_data(store: RunStore) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _ceiling(candidates: list[CandidateMeta]) -> dict[str, float | None] | None:
+def _ceiling(
+    candidates: list[CandidateMeta], groups: tuple[str, ...]
+) -> dict[str, float | None] | None:
     """The valid coverage ceiling overall and per capability (the same for every candidate of a
     run: the seed's record), shown as the matrix's first row; None before any has one."""
     for c in candidates:
         if split_ceiling(c) is not None:
             return {"overall": split_ceiling(c),
-                    **{cap: split_ceiling(c, cap=cap) for cap in CAPABILITIES}}  # fmt: skip
+                    **{cap: split_ceiling(c, cap=cap) for cap in groups}}  # fmt: skip
     return None
 
 
@@ -118,18 +151,67 @@ def _lineage(candidates: list[CandidateMeta]) -> list[dict[str, Any]]:
     return rows
 
 
-def _progress(candidates: list[CandidateMeta]) -> dict[str, list[tuple[int, float]]]:
-    """Per capability (and overall): (candidate number, best valid fitness so far)."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for key in ("overall", *CAPABILITIES):
-        best: float | None = None
-        for c in candidates:
-            value = split_fitness(c, cap=None if key == "overall" else key)
-            if value is not None and (best is None or value > best):
-                best = value
-            if best is not None:
-                series.setdefault(key, []).append((c.number, best))
-    return series
+def _progress(candidates: list[CandidateMeta], kept: Archive, mode: str) -> Progress:
+    """The chart's records: valid and each guard overall (with every candidate's own score and
+    each split's ceiling, the seed's record), then valid per capability (new bests only)."""
+    seed = next((c for c in candidates if c.stage == "seed" and c.status == "evaluated"), None)
+    held = {c.id: {g.role for g in kept.held_back(c.id)} for c in candidates}
+    first = seed or next((c for c in candidates if c.status == "evaluated"), None)
+    overall, ceilings = [], []
+    splits = [(VALID, "valid (all questions)", VALID_COLOUR)] + [
+        (key, f"guard {key.removeprefix(GUARD_PREFIX)}", GUARD_COLOURS[i % len(GUARD_COLOURS)])
+        for i, key in enumerate(guard_keys(candidates))]  # fmt: skip
+    for split, label, colour in splits:
+        overall.append(_series(candidates, split, None, label, colour, held, every=True))
+        top = None if first is None else split_ceiling(first, split)
+        if top is not None:
+            ceilings.append(CeilingMark(split, top, colour))
+    per_cap = [_series(candidates, VALID, cap, f"{cap} {CAPABILITY_NAMES[cap]}", COLOURS[cap],
+                       held, every=False) for cap in CAPABILITIES]  # fmt: skip
+    return Progress(
+        candidates=tuple((c.number, c.stage) for c in candidates),
+        seed=None if seed is None else (seed.id, seed.number),
+        fitness=mode,
+        panels=(Panel("valid and guard sets, all questions", tuple(overall), tuple(ceilings),
+                      own_scores=True),
+                Panel("valid, per capability", tuple(per_cap))),
+    )  # fmt: skip
+
+
+def _series(
+    candidates: list[CandidateMeta], split: str, cap: str | None, label: str, colour: str,
+    held: dict[str, set[str]], every: bool,
+) -> Series:  # fmt: skip
+    """The best fitness so far on ``split`` (overall or ``cap``) by candidate; a marker on each
+    candidate's own score (``every``) or on each new best only, flagged where a guard held the
+    candidate back from the role the series shows (``held``: id -> roles; overall: ``best``)."""
+    role = "best" if cap is None else cap
+    best: float | None = None
+    line: list[tuple[int, float]] = []
+    points: list[Point] = []
+    for c in candidates:
+        value = split_fitness(c, split, cap)
+        if value is not None:
+            new = best is None or value > best
+            best = value if new else best
+            if every or new:
+                points.append(Point(c.id, c.number, value, new, role in held[c.id]))
+        if best is not None:
+            line.append((c.number, best))
+    key = split if cap is None else f"{split}:{cap}"
+    return Series(key, split, cap, label, colour, tuple(line), tuple(points))
+
+
+def _tree(candidates: list[CandidateMeta], kept: Archive) -> Tree:
+    """The lineage tree's records: each candidate's stage, status, valid fitness, whether it is
+    the best or a specialist, and the guard tests that held it back."""
+    best = kept.best.id if kept.best else None
+    return Tree(tuple(
+        Node(c.id, c.number, c.stage, c.capability, c.status, tuple(c.parents), split_fitness(c),
+             c.id == best, tuple(k for k, m in kept.specialists.items() if m.id == c.id),
+             tuple(f"guard {g.guard} for {g.role}: {g.fitness:.4f} against {g.holder}'s "
+                   f"{g.holder_fitness:.4f}" for g in kept.held_back(c.id)))
+        for c in candidates))  # fmt: skip
 
 
 def _cache_rates(candidates: list[CandidateMeta]) -> dict[str, dict[str, Any]]:
@@ -154,47 +236,6 @@ def _cache_rates(candidates: list[CandidateMeta]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _chart(
-    series: dict[str, list[tuple[int, float]]], width: int = 760, height: int = 260
-) -> Markup:
-    """An inline SVG line chart of best-so-far fitness per capability."""
-    points = [p for s in series.values() for p in s]
-    if not points:
-        return Markup("<p>no evaluated candidate yet</p>")
-    pad, right = 40, 200
-    xmax = max(1, max(x for x, _ in points))
-    ymin = min(y for _, y in points)
-    ymax = max(y for _, y in points)
-    ymin, ymax = (ymin - 0.05, ymax + 0.05) if ymax - ymin < 0.1 else (ymin, ymax)
-
-    def xy(x: int, y: float) -> str:
-        px = pad + (width - pad - right) * x / xmax
-        py = height - pad - (height - 2 * pad) * (y - ymin) / (ymax - ymin)
-        return f"{px:.1f},{py:.1f}"
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'role="img" aria-label="best valid fitness so far per capability">',
-             f'<line x1="{pad}" y1="{height - pad}" x2="{width - right}" y2="{height - pad}" '
-             'stroke="#888"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#888"/>',
-             f'<text x="{pad}" y="{height - 10}" font-size="11">candidate 0</text>',
-             f'<text x="{width - right}" y="{height - 10}" font-size="11" '
-             f'text-anchor="end">{xmax}</text>',
-             f'<text x="4" y="{pad}" font-size="11">{ymax:.2f}</text>',
-             f'<text x="4" y="{height - pad}" font-size="11">{ymin:.2f}</text>']  # fmt: skip
-    for i, (key, values) in enumerate(series.items()):
-        colour = COLOURS.get(key, "#000")
-        line = " ".join(xy(x, y) for x, y in values)
-        dash = ' stroke-dasharray="5,3"' if key == "overall" else ""
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} '
-                     f'points="{line}"/>')  # fmt: skip
-        label = escape(CAPABILITY_NAMES.get(key, key))
-        parts.append(f'<text x="{width - right + 6}" y="{pad + 14 * i}" font-size="11" '
-                     f'fill="{colour}">{escape(key)} {label}</text>')  # fmt: skip
-    parts.append("</svg>")
-    return Markup("".join(parts))
-
-
 def _cell(value: float | None) -> Markup:
     """A table cell shaded by fitness (0 white → 1 green)."""
     if value is None:
@@ -211,8 +252,10 @@ def render_html(data: dict[str, Any], refresh: int | None = None) -> str:
     env.filters["score"] = fmt_score
     env.filters["percent"] = lambda v: "—" if v is None else f"{100 * v:.1f} %"
     template = env.from_string(files(__package__).joinpath(TEMPLATE).read_text("utf-8"))
-    return template.render(d=data, caps=CAPABILITIES, names=CAPABILITY_NAMES, cell=_cell,
-                           chart=_chart(data["progress"]), refresh=refresh)  # fmt: skip
+    names = {**CAPABILITY_NAMES, UNLABELLED: "questions with no capability"}
+    return template.render(d=data, caps=data["groups"], names=names, cell=_cell,
+                           chart=progress_svg(data["progress"]), tree=tree_svg(data["tree"]),
+                           refresh=refresh)  # fmt: skip
 
 
 def write_report(store: RunStore, target: Path, refresh: int | None = None) -> None:

@@ -9,7 +9,9 @@ the ranked capabilities). All are deterministic functions of their inputs, so a 
 gets the targets the interrupted one got; a strategy object holds no state.
 
 - **Capability fitness** on train groups the parent's per-question train fitness by each task's
-  *primary* label (annotated, or native without an annotator).
+  *primary* label (annotated, or native without an annotator). A task with no label (a user's
+  question with no capability and no annotator) counts in no capability, so no target is ever
+  chosen for it; where no train task has a label, a refinement has no target (the loop's rule).
 - **Dependency-aware**: weak capabilities, and ones that many tasks need as a *secondary*
   capability, go first: priority(c) = (1 − fitness(c)) × (1 + share of train tasks listing c as
   secondary). A capability is *stalled* when the last refinement round (its K latest refinement
@@ -98,10 +100,11 @@ class RoundRobin:
 def capability_fitness(
     per_question: dict[str, float], labels: dict[str, Labels]
 ) -> dict[str, float]:
-    """Mean per-question fitness grouped by primary label (capabilities without tasks left out)."""
+    """Mean per-question fitness grouped by primary label (capabilities without tasks left out,
+    and unlabelled tasks)."""
     groups: dict[str, list[float]] = defaultdict(list)
     for qid, value in per_question.items():
-        if qid in labels:
+        if qid in labels and labels[qid].primary in CAPABILITIES:
             groups[labels[qid].primary].append(value)
     return {c: sum(v) / len(v) for c, v in groups.items() if v}
 
@@ -146,11 +149,11 @@ def round_robin(refinements_done: int) -> str:
 
 def train_by_capability(c: CandidateMeta, labels: dict[str, Labels]) -> dict[str, float]:
     """A candidate's train fitness per capability (by primary label where it kept per-question
-    fitness, else its stored rows)."""
+    fitness, else its stored rows; never the ``unlabelled`` row)."""
     train = c.scores.get(TRAIN, ScoreBlock())
     if train.questions:
         return capability_fitness(train.questions, labels)
-    return {cap: fitness(row) for cap, row in train.by_capability.items()}
+    return {cap: fitness(row) for cap, row in train.by_capability.items() if cap in CAPABILITIES}
 
 
 def _stalled(candidates: list[CandidateMeta], labels: dict[str, Labels], k: int) -> set[str]:

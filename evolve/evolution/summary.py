@@ -28,7 +28,7 @@ from typing import Any
 
 from evolve.benches.guards import KEY_PREFIX as GUARD_PREFIX
 from evolve.config import STAGES
-from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES
+from evolve.datasets.types import CAPABILITIES, CAPABILITY_NAMES, UNLABELLED
 from evolve.evaluation.report import (
     Diagnostics,
     FitnessMode,
@@ -323,10 +323,14 @@ class CandidateRow:
 
 
 def candidate(meta: CandidateMeta) -> CandidateRow:
-    """One candidate as a row: identity, story, and valid fitness overall and per capability."""
+    """One candidate as a row: identity, story, and valid fitness overall and per capability
+    (and of the unlabelled questions, where valid has some)."""
+    by_cap = {cap: split_fitness(meta, cap=cap) for cap in CAPABILITIES}
+    if (unlabelled := split_fitness(meta, cap=UNLABELLED)) is not None:
+        by_cap[UNLABELLED] = unlabelled
     return CandidateRow(
         meta.id, meta.stage, meta.capability, meta.status, meta.parents, split_fitness(meta),
-        {cap: split_fitness(meta, cap=cap) for cap in CAPABILITIES}, meta.frozen, meta.message,
+        by_cap, meta.frozen, meta.message,
         [{k: g[k] for k in GUARD_FIELDS} for g in meta.guards],
     )  # fmt: skip
 

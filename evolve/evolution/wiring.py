@@ -84,11 +84,12 @@ def task_set(config: RunConfig, split: str) -> TaskSet:
 
 
 def guard_sets(config: RunConfig) -> Phase:
-    """A run's guards as (scores key, task set); DataError (one line) for a guard that does not
-    load or shares a conversation with the run's train or valid."""
+    """A run's guards as (scores key, task set), each read from its data root
+    (:meth:`~evolve.config.RunConfig.guard_root`); DataError (one line) for a guard that does
+    not load or shares a conversation with the run's train or valid."""
     run = [task_set(config, split) for split in SPLITS]
     guards = [parse_guard(spec) for spec in config.guards]
-    return [(g.key, load_guard(g, Path(config.data_dir), run)) for g in guards]
+    return [(g.key, load_guard(g, config.guard_root(g), run)) for g in guards]
 
 
 def workload(config: RunConfig) -> Workload:

@@ -26,6 +26,9 @@ Invariants:
   never half of it).
 - One writer per log: callers serialise appends (the runtime holds the scope's lock); the
   file is opened with ``O_APPEND``.
+- **Read beside the writer.** :func:`scan` reads a log read-only (nothing created, truncated
+  or locked) while a runtime may be appending to it: it stops at the last whole record (a
+  record being written is not read) and skips a damaged record, naming its byte offset.
 """
 
 from __future__ import annotations
@@ -55,6 +58,16 @@ class Opened:
 
     sessions: list[Segment]
     dropped_bytes: int
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """What :func:`scan` read: the whole sessions, the records skipped as damaged (their byte
+    offset and what is wrong), and the bytes after the last whole record, not read."""
+
+    sessions: list[Segment]
+    damaged: list[tuple[int, str]]
+    unread: int
 
 
 def encode(segment: Segment) -> bytes:
@@ -164,25 +177,75 @@ class SessionLog:
         del self._ids[dropped.session_id]
 
 
+def scan(path: Path) -> Scanned:
+    """The sessions of the log at ``path``, read-only (see the module's invariants): a record
+    that runs past the end, or whose checksum fails as the last one, is a record being written
+    (or a torn tail) and is not read; a damaged record followed by others is skipped, and so
+    is everything after a damaged length (no record can be found past it)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data[: len(MAGIC)] != MAGIC:
+        if MAGIC.startswith(data):  # a new log's header being written
+            return Scanned([], [], 0)
+        raise LogError(f"{path} is not a PrisMem session log")
+    sessions: list[Segment] = []
+    damaged: list[tuple[int, str]] = []
+    at = len(MAGIC)
+    while at < len(data):
+        end, payload, wrong = _record_at(data, at)
+        if wrong == _TORN or (wrong == "checksum" and end == len(data)):
+            break
+        if wrong == "checksum":
+            damaged.append((at, "checksum"))
+        elif payload is None:
+            damaged.append((at, f"{wrong}; its {len(data) - at} bytes to the end not read"))
+            at = len(data)
+            break
+        else:
+            try:
+                sessions.append(_decode(payload))
+            except (ValueError, KeyError, TypeError) as exc:
+                damaged.append((at, f"not a session ({exc})"))
+        at = end
+    return Scanned(sessions, damaged, len(data) - at)
+
+
+_TORN = "torn"
+
+
+def _record_at(data: bytes, at: int) -> tuple[int, bytes | None, str | None]:
+    """The record that starts at byte ``at``: ``(its end, its payload, None)`` when it is whole
+    and its checksum holds, else ``(its end, None, what is wrong)``: :data:`_TORN` (it runs
+    past the end of ``data``), ``"checksum"``, or its impossible length."""
+    if len(data) - at < _HEAD.size:
+        return len(data), None, _TORN  # torn inside a record head
+    length, digest = _HEAD.unpack_from(data, at)
+    start, end = at + _HEAD.size, at + _HEAD.size + length
+    if length > MAX_RECORD:
+        return end, None, f"a record length of {length}"
+    if end > len(data):
+        return end, None, _TORN  # torn inside a payload
+    payload = data[start:end]
+    if hashlib.sha256(payload).digest() != digest:
+        return end, None, "checksum"
+    return end, payload, None
+
+
 def _read(data: bytes, path: Path) -> tuple[list[Segment], int]:
     """The whole records of ``data`` and the offset where they end; LogError when a bad record
     is followed by more bytes than a torn tail can hold."""
     sessions: list[Segment] = []
     at = len(MAGIC)
     while at < len(data):
-        if len(data) - at < _HEAD.size:
-            break  # torn inside a record head
-        length, digest = _HEAD.unpack_from(data, at)
-        start, end = at + _HEAD.size, at + _HEAD.size + length
-        if length > MAX_RECORD:
-            raise LogError(f"{path}: damaged at byte {at} (a record length of {length})")
-        if end > len(data):
-            break  # torn inside a payload
-        payload = data[start:end]
-        if hashlib.sha256(payload).digest() != digest:
+        end, payload, wrong = _record_at(data, at)
+        if wrong == _TORN:
+            break
+        if wrong == "checksum":
             if end < len(data):
                 raise LogError(f"{path}: damaged at byte {at} (checksum) with records after it")
             break  # the last record, torn (its bytes not all on disk)
+        if payload is None:
+            raise LogError(f"{path}: damaged at byte {at} ({wrong})")
         try:
             sessions.append(_decode(payload))
         except (ValueError, KeyError, TypeError) as exc:

@@ -39,7 +39,8 @@ Invariants:
   source under ``programs/``, its snapshots in place): its memory is built from the log; the
   earlier program's snapshots still serve it when it is made active again.
 - **Scopes are folders named by the sha256 of the scope id**, so no scope id can name a path
-  outside its folder or another scope's.
+  outside its folder or another scope's. The id itself is stored nowhere: a scope found on
+  disk (:func:`scope_logs`) is known by its folder's name only.
 - **One process per store.** An open :class:`MemoryStore` holds an exclusive ``flock`` on
   ``<store>/lock`` until :meth:`MemoryStore.close` or the process's death (the kernel releases it,
   kill -9 included); a second open is refused in one line naming the holder's PID. So the
@@ -65,6 +66,7 @@ from evolve.runtime.log import SessionLog
 FORMAT = 1
 SHARED_CACHES = ("embeddings.sqlite", "llm-cache.sqlite")  # <store>/cache/ of earlier versions
 _SNAPSHOT = re.compile(r"^(?P<build>[0-9a-f]{24})\.(?P<n>\d+)\.state$")
+LOG = "log"  # a scope's session log, in its folder
 
 
 class MemoryStoreError(Exception):
@@ -100,6 +102,16 @@ def scope_key(scope: str) -> str:
     if not isinstance(scope, str) or not scope:
         raise MemoryStoreError("a user (scope) id is a non-empty string")
     return hashlib.sha256(scope.encode("utf-8")).hexdigest()[:32]
+
+
+def scope_logs(root: Path) -> list[tuple[str, Path]]:
+    """Each scope folder's name and the path of its log (which may be absent), by name, found
+    without opening the store: no lock taken, nothing created, so a reader may look while a
+    runtime holds the store open."""
+    scopes = root / "scopes"
+    if not scopes.is_dir():
+        raise MemoryStoreError(f"{root} is not a memory store (it has no scopes/ folder)")
+    return sorted((d.name, d / LOG) for d in scopes.iterdir() if d.is_dir())
 
 
 class MemoryStore:
@@ -189,7 +201,7 @@ class MemoryStore:
         return folder
 
     def open_log(self, scope: str) -> SessionLog:
-        log, _ = SessionLog.open(self.scope_dir(scope) / "log")
+        log, _ = SessionLog.open(self.scope_dir(scope) / LOG)
         return log
 
     def snapshot(self, scope: str, upto: int) -> tuple[int, bytes] | None:

@@ -1,8 +1,9 @@
 """LongMemEval's answer scoring: the per-type yes/no judge (docs/benchmarks.md §3.3).
 
 Owns :class:`Scorer` (the :class:`~evolve.scoring.answers.AnswerScorer` for ``longmemeval``),
-the judge prompt templates (our own wording of the official criteria) and the LongMemEval
-headline numbers.
+the judge prompt templates (our own wording of the official criteria), the LongMemEval
+headline numbers, and the yes/no judging and its description (:func:`judge_yes_no`,
+:func:`yes_no_description`), which :mod:`evolve.scoring.userjudge` shares.
 
 Protocol:
 
@@ -42,6 +43,7 @@ PURPOSE = "longmemeval/judge"
 MAX_TOKENS = 10
 VARIANTS = ("per-type-yes-no",)
 METRIC = "judge_correct"
+NO_JUDGE = "no judge was used: answers are not scored (judge_correct is None)"
 
 _ANSWER_HEAD = """You check whether a chat assistant correctly answered a question about its \
 earlier conversations with a user.
@@ -123,6 +125,37 @@ def prompt_name(question: Question) -> str:
     raise ValueError(f"question {question.id}: {question.ability!r} is not a LongMemEval type")
 
 
+def judge_yes_no(
+    judge: LLMClient | None, purpose: str, name: str, question: Question, answer: str
+) -> Judged:
+    """``answer`` judged with the template ``PROMPTS[name]`` (purpose ``purpose``; no judge:
+    ``judge_correct`` None), and its token F1 (see the module docstring's protocol)."""
+    f1 = token_f1(answer, question.gold)
+    if judge is None:
+        return Judged({METRIC: None, "answer_f1": f1})
+    prompt = PROMPTS[name].format(question=question.question, gold=question.gold, response=answer)
+    reply = judge.complete("judge", purpose, prompt, max_tokens=MAX_TOKENS)
+    label = "yes" in reply.text.lower()
+    scores: dict[str, float | None] = {METRIC: 1.0 if label else 0.0, "answer_f1": f1}
+    return Judged(scores, {"prompt": name, "reply": reply.text})
+
+
+def yes_no_description(
+    judge: LLMClient | None, prompts: dict[str, str], variants: list[str], note: str
+) -> dict[str, Any]:
+    """A yes/no scorer's ``describe()``: the judge's model, the sha256 of ``prompts``, the
+    ``variants`` and ``note`` (``{model}`` filled in), or, without a judge, that none was used."""
+    model = None
+    if judge is not None and judge.models.judge is not None:
+        model = judge.models.judge.model
+    return {
+        "judge": model,
+        "prompts": {name: prompt_sha256(text) for name, text in prompts.items()},
+        "variants": variants,
+        "note": NO_JUDGE if model is None else note.format(model=model),
+    }
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -138,17 +171,7 @@ class Scorer:
         self.judge = judge if judge is not None and judge.available("judge") else None
 
     def score(self, question: Question, answer: str) -> Judged:
-        name = prompt_name(question)
-        f1 = token_f1(answer, question.gold)
-        if self.judge is None:
-            return Judged({METRIC: None, "answer_f1": f1})
-        prompt = PROMPTS[name].format(
-            question=question.question, gold=question.gold, response=answer
-        )
-        reply = self.judge.complete("judge", PURPOSE, prompt, max_tokens=MAX_TOKENS)
-        label = "yes" in reply.text.lower()
-        scores: dict[str, float | None] = {METRIC: 1.0 if label else 0.0, "answer_f1": f1}
-        return Judged(scores, {"prompt": name, "reply": reply.text})
+        return judge_yes_no(self.judge, PURPOSE, prompt_name(question), question, answer)
 
     def max_judge_calls(self, question: Question) -> int:
         return 1
@@ -180,20 +203,8 @@ class Scorer:
         }
 
     def describe(self) -> dict[str, Any]:
-        model = None
-        if self.judge is not None and self.judge.models.judge is not None:
-            model = self.judge.models.judge.model
-        if model is None:
-            note = "no judge was used: answers are not scored (judge_correct is None)"
-        else:
-            note = (
-                f"LongMemEval per-type yes/no judge ({model}; our wording of the official "
-                "criteria; label = 'yes' in the lower-cased reply); the official numbers use "
-                "gpt-4o-2024-08-06"
-            )
-        return {
-            "judge": model,
-            "prompts": {name: prompt_sha256(text) for name, text in PROMPTS.items()},
-            "variants": list(VARIANTS),
-            "note": note,
-        }
+        note = (
+            "LongMemEval per-type yes/no judge ({model}; our wording of the official criteria; "
+            "label = 'yes' in the lower-cased reply); the official numbers use gpt-4o-2024-08-06"
+        )
+        return yes_no_description(self.judge, PROMPTS, list(VARIANTS), note)

@@ -17,7 +17,8 @@ Per question (docs/design.md §4), from :class:`RetrievalScorer`:
 
 Also owns :func:`blocks` (the retrieved text cut at blank lines; the step diagnostics read it).
 Questions without evidence (BEAM abstention) get ``None`` for every metric and are left out of
-the means. Aggregation: mean per capability, per native type and overall (over questions).
+the means. Aggregation: mean per capability (the questions with none as ``unlabelled``), per
+native type and overall (over questions).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import Stemmer
 
-from evolve.datasets.types import CAPABILITIES, Question
+from evolve.datasets.types import GROUPS, UNLABELLED, Question
 from evolve.models.embed import Embedder
 from evolve.scoring import coverage
 from evolve.scoring.coverage import HIT_THRESHOLD, ScoreInput
@@ -114,10 +115,11 @@ def aggregate(
     """``{"overall": {...}, "by_capability": {cap: {...}}, "by_type": {type: {...}}}``.
 
     Each leaf maps metric → mean over the questions that have a value, plus ``n`` (questions).
+    Questions with no capability ("") are grouped under ``by_capability[UNLABELLED]``.
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for question, scores in rows:
-        for key in (("overall", ""), ("by_capability", question.capability),
+        for key in (("overall", ""), ("by_capability", question.capability or UNLABELLED),
                     ("by_type", question.ability)):  # fmt: skip
             groups[key].append(scores)
 
@@ -129,7 +131,7 @@ def aggregate(
         return out
 
     by_capability = {cap: summary(groups[("by_capability", cap)])
-                     for cap in CAPABILITIES if ("by_capability", cap) in groups}  # fmt: skip
+                     for cap in GROUPS if ("by_capability", cap) in groups}  # fmt: skip
     by_type = {name: summary(group) for (kind, name), group in sorted(groups.items())
                if kind == "by_type"}  # fmt: skip
     overall = summary(groups.get(("overall", ""), []))
