@@ -3,11 +3,11 @@
 Owns the parser (:func:`build_parser`) and the dispatch (:func:`main`, the console script and
 ``python -m evolve``). The commands live in :mod:`evolve.cli.eval` (``eval``, ``compare``,
 ``check``), :mod:`evolve.cli.data` (``data``), :mod:`evolve.cli.synth` (``synth``),
-:mod:`evolve.cli.run` (``run``),
-:mod:`evolve.cli.inspect` (the commands that read a run) and :mod:`evolve.cli.deliver` (those
-that freeze, export and report it), which share :mod:`evolve.cli.common`; imports go one way,
-from this module down to the command modules (``deliver`` uses ``inspect``'s helpers) and from
-them to ``common``.
+:mod:`evolve.cli.serve` (``serve``, ``token``), :mod:`evolve.cli.store` (``store``),
+:mod:`evolve.cli.run` (``run``), :mod:`evolve.cli.inspect` (the commands that read a run) and
+:mod:`evolve.cli.deliver` (those that freeze, export and report it), which share
+:mod:`evolve.cli.common`; imports go one way, from this module down to the command modules
+(``deliver`` uses ``inspect``'s helpers) and from them to ``common``.
 
 Every expected failure (bad flag, missing or malformed data, unreadable program, a run whose
 stored configuration does not load) ends with one ``error:`` line on stderr and exit status 2
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from rich.markup import escape
 
-from evolve.cli import cache, data, deliver, inspect, run, synth
+from evolve.cli import cache, data, deliver, inspect, run, serve, store, synth
 from evolve.cli import eval as eval_commands
 from evolve.cli.common import Parser, UsageError, check_settings, err, report_damage
 from evolve.config import ConfigError
@@ -47,6 +47,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     **{name: deliver.dispatch for name in deliver.COMMANDS},
     "data": data.cmd_data,
     "synth": synth.cmd_synth,
+    "serve": serve.cmd_serve,
+    "token": serve.cmd_token,
+    "store": store.cmd_store,
     "cache": cache.cmd_cache,
 }
 
@@ -61,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     deliver.add_commands(sub)
     data.add_command(sub)
     synth.add_command(sub)
+    serve.add_command(sub)
+    store.add_command(sub)
     cache.add_command(sub)
     for name in ISOLATED:
         sub.choices[name].add_argument(

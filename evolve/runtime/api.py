@@ -37,6 +37,9 @@ Invariants:
   the scope's log and indexed before ``add`` returns, and every later ``context()`` of that
   user sees it. An agent that wants finer sessions calls ``add`` more often; one that wants
   coarser ones buffers messages itself.
+- **Forgotten means gone.** :meth:`AgentMemory.forget` removes a session, or a whole user,
+  from every file of the store (log, snapshots, caches: :mod:`.upkeep`) before it returns; the
+  user's memory is rebuilt without it at its next use.
 - **Retries do not double.** A session id names a session: ``add`` with an id the user's log
   holds writes and indexes nothing and returns False (pass ids to make retries idempotent;
   without one, a fresh id is made).
@@ -90,11 +93,14 @@ def open_memory(
     snapshot_every: int = SNAPSHOT_EVERY,
     notice: Callable[[str], None] = _say,
     setup: EvalSetup | None = None,
+    api_base: str | None = None,
 ) -> AgentMemory:
     """Open ``program`` (a memory program file, e.g. from ``evolve export``) over the store
     folder ``store`` (created if need be). ``model``: a litellm id for the task model, or None
-    for the offline stand-ins; ``embedder``: ``minilm`` or ``hashing`` (a test double).
-    ``setup`` replaces ``model`` and ``embedder`` by a whole
+    for the offline stand-ins; ``api_base``: the task model's endpoint (a local
+    OpenAI-compatible server, as ``--api-base`` gives runs); ``embedder``: ``minilm`` or
+    ``hashing`` (a test double). ``setup`` replaces ``model``, ``api_base`` and ``embedder`` by
+    a whole
     :class:`~evolve.evaluation.setup.EvalSetup` (what an evaluation runs with). ``max_live``:
     confined
     hosts kept started, in all; ``read_hosts``: hosts one user's reads may use side by side
@@ -107,10 +113,13 @@ def open_memory(
     except (OSError, UnicodeDecodeError) as exc:
         raise AgentMemoryError(f"cannot read program {path}: {exc}") from None
     root = Path(store)
+    if api_base is not None and (setup is not None or not model):
+        raise AgentMemoryError("api_base is the endpoint of model= (not with setup=, which "
+                               "carries its own)")  # fmt: skip
     if setup is None:
         if embedder not in ("minilm", "hashing"):
             raise AgentMemoryError(f"unknown embedder {embedder!r} (use minilm or hashing)")
-        task = ModelConfig(model=model) if model else None
+        task = ModelConfig(model=model, api_base=api_base) if model else None
         setup = EvalSetup(cache_dir=str(root / "cache"), task_model=task, embedder=embedder,
                               call_prefix=CALL_PREFIX)  # fmt: skip
     if min(max_live, read_hosts, snapshot_every) < 1 or read_hosts > max_live:
@@ -217,6 +226,22 @@ class AgentMemory:
             return str(live.pipeline.answer(question, date, found.text))
 
         return str(self._serve(user, lambda: self._scopes.read(user, step)))
+
+    def forget(self, user: str, session_id: str | None = None) -> int:
+        """Forget the session ``session_id`` of ``user`` (None: every session of the user):
+        when it returns, no file of the store holds its text and the user's memory is
+        rebuilt without it at its next use. The sessions forgotten (0: none by that id)."""
+        if session_id is not None:
+            _text(session_id, "session_id")
+
+        def forget() -> int:
+            try:
+                return self._scopes.forget(user, session_id)
+            except OSError as exc:
+                raise MemoryStoreError(f"cannot forget in store {self.store.root}: "
+                                       f"{exc.strerror or exc}") from None  # fmt: skip
+
+        return int(self._serve(user, forget))
 
     def history(self, user: str) -> list[Segment]:
         """The sessions in ``user``'s log, in order (what the memory is built from)."""

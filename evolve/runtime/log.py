@@ -1,7 +1,8 @@
 """The session log of one scope: every acknowledged session, append-only, on disk.
 
-Owns the log file's format and :class:`SessionLog`. The log is the store's source of truth:
-a memory snapshot (:mod:`.store`) is only a shortcut to replaying it.
+Owns the log file's format, :class:`SessionLog`, :func:`scan` (a read beside the writer),
+:func:`salvage` (every whole record of a damaged log) and :func:`rewrite`. The log is the
+store's source of truth: a memory snapshot (:mod:`.store`) is only a shortcut to replaying it.
 
 Format: a 16-byte file header (:data:`MAGIC`), then records. A record is a 4-byte big-endian
 payload length, the payload's 32-byte sha256, and the payload: one session as UTF-8 JSON
@@ -29,6 +30,18 @@ Invariants:
 - **Read beside the writer.** :func:`scan` reads a log read-only (nothing created, truncated
   or locked) while a runtime may be appending to it: it stops at the last whole record (a
   record being written is not read) and skips a damaged record, naming its byte offset.
+- **Salvage resynchronises on the next whole record.** :func:`salvage` keeps every whole
+  record, before and after a damaged one: after a bad record it takes the next offset where a
+  whole record parses (its checksum holds and its payload is a session). Every payload begins
+  with ``{"session_id":`` (:data:`PAYLOAD_START`) and that text never occurs inside one (JSON
+  escapes a quote within a string), so only record starts are tried, and no record can be
+  forged inside a payload: a record's length is under ``2**28``, so its first byte is a control
+  byte, which the JSON of a payload always escapes. :meth:`SessionLog.open` uses the same rule
+  to tell a torn tail (no whole record after it) from damage (whole records after it), so a
+  damaged length that runs past the end of the file is refused, never truncated away.
+- **Rewritten whole or not at all.** :func:`rewrite` replaces a log with the given sessions
+  through a temporary file, fsync'd and renamed (:func:`evolve.files.write_atomic`): a crash
+  leaves the old log or the new one.
 """
 
 from __future__ import annotations
@@ -36,16 +49,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from contract.types import Message, Segment
+from evolve.files import write_atomic
 
 MAGIC = b"PRISMEM-LOG-v1\n\0"
 _HEAD = struct.Struct(">I32s")  # payload length, sha256 of the payload
 MAX_RECORD = 1 << 28  # a session larger than 256 MiB is refused (and such a length is damage)
+PAYLOAD_START = b'{"session_id":'  # how every record's payload begins (see :func:`encode`)
 
 
 class LogError(Exception):
@@ -70,6 +86,36 @@ class Scanned:
     unread: int
 
 
+@dataclass(frozen=True)
+class Lost:
+    """Bytes ``start`` to ``end`` (exclusive) of a log that hold no whole record: ``why`` the
+    record at ``start`` is bad, and what can still be read of it (its length, its session
+    id), to say what was lost."""
+
+    start: int
+    end: int
+    why: str
+    records: int | None  # 1 when the bad record's own length spans exactly these bytes
+    session_id: str | None  # as its payload still reads, when it does
+
+
+@dataclass(frozen=True)
+class Salvaged:
+    """What :func:`salvage` found in a log: every whole session, in order; the damaged byte
+    ranges (records after them were kept); a torn tail (a last record cut short, which
+    :meth:`SessionLog.open` drops); whether the file header is wrong."""
+
+    sessions: list[Segment]
+    lost: list[Lost]
+    torn: int
+    bad_header: bool
+
+    @property
+    def damaged(self) -> bool:
+        """What :meth:`SessionLog.open` refuses (a torn tail it drops is not damage)."""
+        return bool(self.lost) or self.bad_header
+
+
 def encode(segment: Segment) -> bytes:
     """One session as a log record."""
     payload = json.dumps(
@@ -90,6 +136,19 @@ def _decode(payload: bytes) -> Segment:
     data: Any = json.loads(payload.decode("utf-8"))
     messages = tuple(Message(str(i), str(r), str(c)) for i, r, c in data["messages"])
     return Segment(str(data["session_id"]), data["date"], messages)
+
+
+def _session(payload: bytes) -> Segment | None:
+    try:
+        return _decode(payload)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def rewrite(path: Path, sessions: list[Segment]) -> None:
+    """Replace the log at ``path`` by one holding ``sessions``, whole or not at all."""
+    data = b"".join([MAGIC, *(encode(s) for s in sessions)])
+    write_atomic(path, data, mode=0o600)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -238,12 +297,13 @@ def _read(data: bytes, path: Path) -> tuple[list[Segment], int]:
     at = len(MAGIC)
     while at < len(data):
         end, payload, wrong = _record_at(data, at)
-        if wrong == _TORN:
-            break
+        if wrong == _TORN or (wrong == "checksum" and end == len(data)):
+            if _next_record(data, at) is None:
+                break  # the last record, torn (its bytes not all on disk)
+            why = "checksum" if wrong == "checksum" else "its length runs past the end"
+            raise LogError(f"{path}: damaged at byte {at} ({why}) with records after it")
         if wrong == "checksum":
-            if end < len(data):
-                raise LogError(f"{path}: damaged at byte {at} (checksum) with records after it")
-            break  # the last record, torn (its bytes not all on disk)
+            raise LogError(f"{path}: damaged at byte {at} (checksum) with records after it")
         if payload is None:
             raise LogError(f"{path}: damaged at byte {at} ({wrong})")
         try:
@@ -252,3 +312,59 @@ def _read(data: bytes, path: Path) -> tuple[list[Segment], int]:
             raise LogError(f"{path}: record at byte {at} is not a session ({exc})") from None
         at = end
     return sessions, at
+
+
+def _next_record(data: bytes, after: int) -> int | None:
+    """The first offset past ``after`` where a whole record starts (its checksum holds, its
+    payload is a session), or None (the rule is in the module's invariants)."""
+    find = after + 1 + _HEAD.size
+    while (found := data.find(PAYLOAD_START, find)) >= 0:
+        at = found - _HEAD.size
+        _, payload, _ = _record_at(data, at)
+        if payload is not None and _session(payload) is not None:
+            return at
+        find = found + 1
+    return None
+
+
+_SESSION_ID = re.compile(rb'\{"session_id":("(?:[^"\\]|\\.)*")')
+
+
+def salvage(data: bytes) -> Salvaged:
+    """Every whole session of the log bytes ``data``, before and after damage (see the module's
+    invariants), and what was lost; nothing is written."""
+    bad_header = data[: len(MAGIC)] != MAGIC
+    if bad_header and MAGIC.startswith(data):  # a new log's header being written
+        return Salvaged([], [], 0, False)
+    sessions: list[Segment] = []
+    lost: list[Lost] = []
+    torn = 0
+    at = len(MAGIC)
+    while at < len(data):
+        end, payload, wrong = _record_at(data, at)
+        segment = _session(payload) if payload is not None else None
+        if segment is not None:
+            sessions.append(segment)
+            at = end
+            continue
+        resume = _next_record(data, at)
+        if resume is None and (wrong == _TORN or (wrong == "checksum" and end == len(data))):
+            torn = len(data) - at  # what open drops: a last record cut short
+            break
+        until = len(data) if resume is None else resume
+        head = data[at + _HEAD.size : min(until, at + _HEAD.size + 1024)]
+        one = 1 if end == until else None
+        lost.append(Lost(at, until, wrong or "not a session", one, _lost_id(head)))
+        at = until
+    return Salvaged(sessions, lost, torn, bad_header)
+
+
+def _lost_id(head: bytes) -> str | None:
+    """The session id a damaged payload still begins with, if it does."""
+    match = _SESSION_ID.match(head)
+    if match is None:
+        return None
+    try:
+        return str(json.loads(match.group(1).decode("utf-8")))
+    except ValueError:
+        return None

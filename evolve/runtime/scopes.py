@@ -19,7 +19,7 @@ Invariants:
   another's entries. What the scopes do share (the process, the model's weights, the task
   model's limit on requests in flight, the CPU, the pool of hosts) holds no user's text.
 - **Writes serialised, reads concurrent.** Each scope has a readers-writer lock
-  (:mod:`.rwlock`). A write (``add``, snapshot, eviction, close) holds it alone; reads
+  (:mod:`.rwlock`). A write (``add``, ``forget``, snapshot, eviction, close) holds it alone; reads
   (``context``, ``answer``, ``history``) hold it together, so the task model's planning and
   answer calls of one user's reads overlap, and no read sees half a session. A host serves one
   request at a time, so the program's own steps (its ``postprocess_query`` hook, ``retrieve``)
@@ -47,6 +47,9 @@ Invariants:
   log tail indexed when it was started (a dump costs time in the memory's size, so evenly
   spaced snapshots would make ingest quadratic), and when its scope is evicted or closed. After a
   crash, at most that tail of the log is indexed again.
+- **Forget rebuilds.** :meth:`Scopes.forget` closes the scope's hosts (their memory holds the
+  session) without a snapshot, then removes its files (:mod:`.upkeep`) under the write lock;
+  the next use starts from what the store holds then.
 - A memory whose state cannot be stored is rebuilt from the log each time its scope is started;
   the reason is reported once per store (``notice``).
 """
@@ -66,6 +69,7 @@ from evolve.fanout import ordered_map
 from evolve.runtime.log import SessionLog
 from evolve.runtime.rwlock import ReadWriteLock
 from evolve.runtime.store import MemoryStore
+from evolve.runtime.upkeep import forget_scope, forget_session
 
 SNAPSHOT_GROWTH = 0.25  # a new snapshot waits for this share of the sessions the last one held
 
@@ -228,6 +232,22 @@ class Scopes:
                 raise
         self._used(user)
         return position, new
+
+    def forget(self, user: str, session_id: str | None) -> int:
+        """Forget one session of the scope (None: the whole scope) under its write lock; the
+        sessions forgotten (an unknown session id: 0, and nothing is changed)."""
+        scope = self.scope(user)
+        folder = self.store.scope_dir(user)
+        with scope.lock.writing():
+            if session_id is not None and self._log(user, scope).position(session_id) is None:
+                return 0
+            self._drop(user, scope)
+            with scope.monitor:
+                scope.log = None  # read again from the store at the next use
+                scope.snapshotted = 0
+            if session_id is None:
+                return forget_scope(self.store.root, folder)
+            return forget_session(folder, session_id)
 
     def _start(self, user: str, log: SessionLog) -> tuple[Live, int]:
         """A new host holding the newest snapshot plus the log's later sessions; with the

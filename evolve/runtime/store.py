@@ -10,6 +10,7 @@ Owns the folder's layout, :class:`Deployment` (what a memory is built with) and
     <store>/scopes/<scope key>/<build>.<n>.state   a memory snapshot after n sessions
     <store>/scopes/<scope key>/embeddings.sqlite   the scope's embedding cache (MiniLM)
     <store>/scopes/<scope key>/llm-cache.sqlite    the scope's task-model replies
+    <store>/scopes/<scope key>/log.damaged-<time>  a damaged log ``evolve store repair`` set aside
     <store>/cache/llm-calls.sqlite         the task model's call log (every scope's calls)
     <store>/lock                           held by the process that has the store open
 
@@ -18,8 +19,8 @@ Invariants:
 - **A user's text is in their scope's folder only.** The log, the snapshots and both caches
   hold the user's text or what was computed from it; ``<store>/cache/`` holds no text (the
   call log has one row per call: its purpose, tokens, time, the sha256 of the request, and an
-  error's message), and ``manifest.json`` and ``programs/`` none of any user. Deleting a
-  scope's folder while the store is closed forgets that user. Caches are per scope so that no
+  error's message), and ``manifest.json`` and ``programs/`` none of any user. Forgetting a
+  session or a scope (:mod:`.upkeep`) so works on that folder alone. Caches are per scope so that no
   program can learn another user's text from a cache hit (:mod:`.scopes`).
 - **Earlier shared caches are left alone.** A store made when one embedding cache and one
   reply cache served every scope still has them as ``<store>/cache/embeddings.sqlite`` and
@@ -44,7 +45,10 @@ Invariants:
 - **One process per store.** An open :class:`MemoryStore` holds an exclusive ``flock`` on
   ``<store>/lock`` until :meth:`MemoryStore.close` or the process's death (the kernel releases it,
   kill -9 included); a second open is refused in one line naming the holder's PID. So the
-  temporary files a killed writer left (``.tmp-*``) are removed on open.
+  temporary files a killed writer left (``.tmp-*``, and the ``.tmp-forget-*`` folder of a
+  scope being forgotten) are removed on open (:func:`remove_leftovers`). The store's upkeep
+  (:mod:`.upkeep`: forget, repair) takes the same lock (:func:`hold`) when the store is not
+  open in this process.
 - The manifest is replaced atomically (:func:`evolve.files.write_atomic`).
 """
 
@@ -55,6 +59,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,7 +71,7 @@ from evolve.files import write_atomic
 from evolve.runtime.log import SessionLog
 
 FORMAT = 1
-SHARED_CACHES = ("embeddings.sqlite", "llm-cache.sqlite")  # <store>/cache/ of earlier versions
+CACHES = ("embeddings.sqlite", "llm-cache.sqlite")  # a scope's (<store>/cache/: earlier versions')
 _SNAPSHOT = re.compile(r"^(?P<build>[0-9a-f]{24})\.(?P<n>\d+)\.state$")
 LOG = "log"  # a scope's session log, in its folder
 
@@ -123,7 +130,7 @@ class MemoryStore:
         self.build = deployment.key()
         self.switched_from: str | None = None  # the program active before this open, if other
         # caches an earlier runtime shared between scopes (never used now; see the invariants)
-        self.shared_caches = [root / "cache" / name for name in SHARED_CACHES
+        self.shared_caches = [root / "cache" / name for name in CACHES
                               if (root / "cache" / name).exists()]  # fmt: skip
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -131,7 +138,7 @@ class MemoryStore:
             (root / "programs").mkdir(exist_ok=True)
         except OSError as exc:
             raise MemoryStoreError(f"cannot use store {root}: {exc.strerror or exc}") from None
-        self._lock_fd: int | None = _lock(root)
+        self._lock_fd: int | None = lock(root)
         try:
             self._open(source)
         except BaseException:
@@ -140,8 +147,7 @@ class MemoryStore:
 
     def _open(self, source: str) -> None:
         root, deployment = self.root, self.deployment
-        for stale in root.glob("**/.tmp-*"):  # a killed writer's; no other writer holds the lock
-            stale.unlink(missing_ok=True)
+        remove_leftovers(root)
         manifest = self._read_manifest()
         programs: dict[str, Any] = manifest.setdefault("programs", {})
         sha = deployment.program_sha256
@@ -235,7 +241,37 @@ class MemoryStore:
                     pass
 
 
-def _lock(root: Path) -> int:
+def snapshot_files(folder: Path) -> list[tuple[int, Path]]:
+    """Every snapshot in a scope's folder, of any build: the sessions it holds, its path."""
+    found = ((_SNAPSHOT.match(p.name), p) for p in folder.glob("*.state"))
+    return sorted((int(m["n"]), p) for m, p in found if m)
+
+
+def remove_leftovers(root: Path) -> None:
+    """Remove what a killed writer left under ``root`` (``.tmp-*`` files and folders); the
+    caller holds the store's lock, so no writer is using them."""
+    for stale in sorted(root.glob("**/.tmp-*"), key=lambda p: len(p.parts)):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+@contextmanager
+def hold(root: Path) -> Iterator[None]:
+    """The store's lock, for a command that changes a store no runtime has open
+    (:class:`MemoryStoreError` naming the holder otherwise)."""
+    if not (root / "scopes").is_dir():
+        raise MemoryStoreError(f"{root} is not a memory store (it has no scopes/ folder)")
+    fd = lock(root)
+    try:
+        remove_leftovers(root)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock(root: Path) -> int:
     """The store's exclusive lock (a descriptor), or MemoryStoreError naming the holder."""
     fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
