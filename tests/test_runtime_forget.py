@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,11 +243,17 @@ def test_forget_waits_for_reads_and_other_users_read_on(tmp_path: Path, encoded:
     threads = [threading.Thread(target=reader, args=(u,)) for u in ("ana", "ana", "bob")]
     for t in threads:
         t.start()
+
+    def until(ready: Callable[[], bool]) -> None:  # a loaded machine reads slowly: wait, bounded
+        deadline = time.monotonic() + 30
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     try:
-        time.sleep(0.2)
+        until(lambda: len(seen["ana"]) >= 2 and len(seen["bob"]) >= 1)
         assert memory.forget("ana", "ana-1") == 1
         done_forget.set()
-        time.sleep(0.2)
+        until(lambda: sum(gone for gone, _ in seen["ana"]) >= 2)
     finally:
         done.set()
         for t in threads:
