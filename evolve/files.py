@@ -1,4 +1,5 @@
-"""Durable file writes: :func:`write_atomic`, the one way PrisMem replaces a file it owns.
+"""Durable file writes: :func:`write_atomic`, the one way PrisMem replaces a file it owns, and
+:func:`fsync_dir`, the one way it makes a folder's names durable.
 
 Invariants: a reader sees the old file or the new one, never a torn one, and a write that
 returned survives a crash — the data goes to a temporary ``.tmp-*`` file in the same folder,
@@ -46,8 +47,14 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)  # makes the rename itself durable
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync the folder ``path``: the names it holds (a file made, renamed or removed) are on
+    disk when this returns."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dir_fd)  # makes the rename itself durable
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)

@@ -41,7 +41,7 @@ from evolve.datasets.usercheck import (
     Stop,
     jsonl_lines,
 )
-from evolve.files import plain_mode, write_atomic
+from evolve.files import fsync_dir, plain_mode, write_atomic
 
 BENCH = "jsonl"  # TaskSet.bench of a user-format dataset
 
@@ -224,14 +224,6 @@ def _check_conversations(dataset: Dataset, checker: Checker) -> None:
         line += len(conv.sessions)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _target(folder: Path, replace: bool) -> bool:
     """Whether ``folder`` holds a dataset to swap out; DataError when it may not be written."""
     if not folder.exists():
@@ -280,7 +272,7 @@ def write_dataset(folder: Path, dataset: Dataset, *, replace: bool = False) -> P
         write_atomic(
             tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode(), mode=plain_mode()
         )
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _put_in_place(tmp, folder, swap)
     except OSError as e:
         raise DataError(f"{folder}: cannot write ({e.strerror or e})") from None
@@ -301,7 +293,7 @@ def _put_in_place(tmp: Path, folder: Path, swap: bool) -> None:
         if swap:
             os.rename(old, folder)
         raise
-    _fsync_dir(folder.parent)
+    fsync_dir(folder.parent)
     if swap:
         shutil.rmtree(old, ignore_errors=True)
 

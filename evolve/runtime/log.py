@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.types import Message, Segment
-from evolve.files import write_atomic
+from evolve.files import fsync_dir, write_atomic
 
 MAGIC = b"PRISMEM-LOG-v1\n\0"
 _HEAD = struct.Struct(">I32s")  # payload length, sha256 of the payload
@@ -151,14 +151,6 @@ def rewrite(path: Path, sessions: list[Segment]) -> None:
     write_atomic(path, data, mode=0o600)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class SessionLog:
     """One scope's session log; open it with :meth:`open`."""
 
@@ -179,7 +171,7 @@ class SessionLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         data = path.read_bytes()
         if data[: len(MAGIC)] != MAGIC:
             if MAGIC.startswith(data):  # killed while writing the header of a new log

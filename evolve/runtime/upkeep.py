@@ -45,6 +45,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evolve.files import fsync_dir
 from evolve.models import close_connections
 from evolve.runtime.log import Lost, Salvaged, SessionLog, rewrite, salvage
 from evolve.runtime.store import CACHES, LOG, scope_logs, snapshot_files
@@ -81,14 +82,6 @@ class Repaired:
     snapshots_removed: list[str]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _close_caches(folder: Path) -> None:
     """Close this process's idle connections to the scope's cache files, so none writes to a
     removed file or brings one back (the caller holds the scope's write lock: none is lent)."""
@@ -122,7 +115,7 @@ def forget_session(folder: Path, session_id: str) -> int:
     doomed += [*folder.glob(".tmp-*"), *folder.glob(f"{DAMAGED}*")]
     for stale in doomed:
         _remove(stale)
-    _fsync_dir(folder)  # every removal is on disk before the log changes
+    fsync_dir(folder)  # every removal is on disk before the log changes
     rewrite(path, [s for s in log.sessions if s.session_id != session_id])
     return 1
 
@@ -139,10 +132,10 @@ def forget_scope(root: Path, folder: Path) -> int:
         held = 0
     trash = root / f".tmp-forget-{folder.name}-{uuid.uuid4().hex[:8]}"
     os.rename(folder, trash)
-    _fsync_dir(folder.parent)
-    _fsync_dir(root)
+    fsync_dir(folder.parent)
+    fsync_dir(root)
     shutil.rmtree(trash)
-    _fsync_dir(root)
+    fsync_dir(root)
     return held
 
 
@@ -192,7 +185,7 @@ def repair(root: Path, report: ScopeReport) -> Repaired:
     removed = [p.name for _, p in snapshot_files(folder)]
     for name in removed:
         (folder / name).unlink(missing_ok=True)
-    _fsync_dir(folder)  # no snapshot counts positions of the damaged log past this point
+    fsync_dir(folder)  # no snapshot counts positions of the damaged log past this point
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside, n = folder / f"{DAMAGED}{stamp}", 1
     while aside.exists():
