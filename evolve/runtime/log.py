@@ -229,36 +229,16 @@ class SessionLog:
 
 
 def scan(path: Path) -> Scanned:
-    """The sessions of the log at ``path``, read-only (see the module's invariants): a record
-    that runs past the end, or whose checksum fails as the last one, is a record being written
-    (or a torn tail) and is not read; a damaged record followed by others is skipped, and so
-    is everything after a damaged length (no record can be found past it)."""
+    """The sessions of the log at ``path``, read-only, by :func:`salvage`'s rule (see the
+    module's invariants): a last record cut short is a record being written (or a torn tail)
+    and is not read; a damaged record is skipped with its byte offset, and reading resumes at
+    the next whole record."""
     with open(path, "rb") as fh:
         data = fh.read()
-    if data[: len(MAGIC)] != MAGIC:
-        if MAGIC.startswith(data):  # a new log's header being written
-            return Scanned([], [], 0)
+    found = salvage(data)
+    if found.bad_header:
         raise LogError(f"{path} is not a PrisMem session log")
-    sessions: list[Segment] = []
-    damaged: list[tuple[int, str]] = []
-    at = len(MAGIC)
-    while at < len(data):
-        end, payload, wrong = _record_at(data, at)
-        if wrong == _TORN or (wrong == "checksum" and end == len(data)):
-            break
-        if wrong == "checksum":
-            damaged.append((at, "checksum"))
-        elif payload is None:
-            damaged.append((at, f"{wrong}; its {len(data) - at} bytes to the end not read"))
-            at = len(data)
-            break
-        else:
-            try:
-                sessions.append(_decode(payload))
-            except (ValueError, KeyError, TypeError) as exc:
-                damaged.append((at, f"not a session ({exc})"))
-        at = end
-    return Scanned(sessions, damaged, len(data) - at)
+    return Scanned(found.sessions, [(lost.start, lost.why) for lost in found.lost], found.torn)
 
 
 _TORN = "torn"
